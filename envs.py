@@ -1,0 +1,588 @@
+"""The environment side of SPADE: what a generated environment must do, and everything the trainer says to it.
+
+The idea: an environment is untrusted text written by a language model. It only ever runs in the sandbox
+(sandbox.py); this module decides whether it is an environment at all (validate: every check runs inside
+the sandbox), turns the agent's replies into actions and episodes into returns, renders the prompts the
+model reads (prompts/*.txt, plain text), and keeps the run's data on disk: the environment memory, the
+grounding corpus and crash-safe JSON files.
+
+The contract (duck-typed; SPADE_METHOD.md): a class whose name ends in `Env`, `__init__(max_turns=12)`,
+`reset(seed) -> (obs, info)` (bare str tolerated), `step(action) -> (obs, reward, terminated, truncated,
+info)` with real bools, optional `solution()`. The same seed must give the same episode.
+"""
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import string
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from sandbox import EnvProcess, Limits, SandboxError
+
+SKILLS = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
+          "Pattern Recognition", "Optimization", "Causal Inference")
+PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}")
+CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "step_types", "reward_range",
+          "reset_123", "deterministic")
+REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
+           "step_error", "bad_step_type", "reward_range", "nondeterministic", "timeout", "memory", "forbidden",
+           "crash", "not_serializable", "protocol")
+MAX_CODE_BYTES = 256_000   # the paper's environments are 300-380 lines (~15 kB); megabytes are rejected unread
+REWARD_BOUND = 10.0        # validation: |reward| <= 10 and finite
+DOC_WORDS = 6000           # corpus documents are truncated to this many words
+MEMORY_CODE_CHARS = 2000   # code of a memory example shown in the designer prompt
+PROMPTS = Path(__file__).parent / "prompts"
+
+
+def derive_seed(seed: int, step: int, role: str, index: int) -> int:
+    """A stable 31-bit seed for one (run seed, step, role, index): any part of any step can be replayed.
+
+    subtle: Python's hash() of a str changes between processes, so a cryptographic hash is used instead.
+
+    >>> derive_seed(0, 0, "env", 0), derive_seed(0, 0, "env", 1) != derive_seed(0, 0, "env", 0)
+    (1097847105, True)
+    """
+    digest = hashlib.sha256(f"{seed}/{step}/{role}/{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+# ----------------------------------------------------------------------------------------------------------
+# validation: every check that runs environment code runs inside the sandbox
+
+class ContractError(ValueError):
+    """An environment method returned a value of the wrong shape or type."""
+
+
+class Rejected(Exception):
+    """Validation stopped at a check; reason is one of REASONS."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+@dataclass
+class Verdict:
+    valid: bool
+    reason: str                  # "ok" when valid, else one of REASONS
+    class_name: str | None
+    checks: dict[str, bool] = field(default_factory=dict)   # every name in CHECKS; not reached = False
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        out = {"valid": self.valid, "reason": self.reason, "class_name": self.class_name, "checks": self.checks}
+        return out | ({"detail": self.detail} if self.detail else {})
+
+
+def extract_code(text: str | bytes) -> str | None:
+    """The FIRST ```python (or ```py / ```python3) block of a designer answer; an unterminated last block runs to
+    the end (the answer hit its token limit). None when there is no such block or it is empty.
+
+    >>> extract_code("Here:\\n```python\\nclass AEnv: pass\\n```\\n```python\\nx = 2\\n```")
+    'class AEnv: pass'
+    >>> extract_code("```py\\nclass BEnv:\\n    pass"), extract_code("no code here")
+    ('class BEnv:\\n    pass', None)
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    start = re.search(r"```[ \t]*(?:python3?|py)\b[^\n]*\n", text, flags=re.IGNORECASE)
+    if start is None:
+        return None
+    end = re.compile(r"^[ \t]*```", flags=re.MULTILINE).search(text, start.end())
+    code = text[start.end():end.start() if end else len(text)].rstrip()
+    return code if code.strip() else None
+
+
+def parse_reset(raw) -> str:
+    """The observation of a reset() result as it comes back from the sandbox (tuples arrive as lists).
+
+    >>> parse_reset(["start", {}]), parse_reset("bare strings are tolerated")
+    ('start', 'bare strings are tolerated')
+    """
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str) and isinstance(raw[1], dict):
+        return raw[0]
+    raise ContractError(f"reset must return (str, dict) or str, got {_shape(raw)}")
+
+
+def parse_step(raw) -> tuple[str, float, bool, bool]:
+    """(obs, reward, terminated, truncated) of a step() result; ContractError on any other shape.
+
+    subtle: bool is a subclass of int, so a True reward would pass as a number unless refused explicitly;
+    0/1 flags are refused because the flags must be bool itself.
+
+    >>> parse_step(["ok", 1, True, False, {}])
+    ('ok', 1.0, True, False)
+    """
+    if not (isinstance(raw, list) and len(raw) == 5):
+        raise ContractError(f"step must return (obs, reward, terminated, truncated, info), got {_shape(raw)}")
+    obs, reward, terminated, truncated, info = raw
+    for name, value, kind in (("observation", obs, str), ("reward", reward, (int, float)),
+                              ("terminated", terminated, bool), ("truncated", truncated, bool), ("info", info, dict)):
+        if not isinstance(value, kind) or (name == "reward" and isinstance(value, bool)):
+            raise ContractError(f"{name} must be {getattr(kind, '__name__', 'a number')}, got {type(value).__name__}")
+    return obs, float(reward), terminated, truncated
+
+
+def _shape(raw) -> str:
+    return f"a {type(raw).__name__} of length {len(raw)}" if isinstance(raw, list) else type(raw).__name__
+
+
+def _call(env: EnvProcess, phase: str, method: str, *args):
+    """env.call; a Python exception inside the method becomes `<phase>_error`, other sandbox failures
+    (timeout, memory, forbidden, crash, too_large, ...) keep the sandbox's reason."""
+    try:
+        return env.call(method, *args)
+    except SandboxError as err:
+        reason = f"{phase}_error" if err.reason == "error" else err.reason
+        raise Rejected(reason, f"{method}({', '.join(map(repr, args))}): {err.detail}") from None
+
+
+def _reset(env: EnvProcess, seed: int) -> str:
+    try:
+        obs = parse_reset(_call(env, "reset", "reset", seed))
+    except ContractError as err:
+        raise Rejected("reset_error", f"reset({seed}): {err}") from None
+    if not obs.strip():
+        raise Rejected("reset_error", f"reset({seed}) returned an empty observation")
+    return obs
+
+
+def _step(env: EnvProcess, action: str) -> tuple[str, float, bool, bool]:
+    try:
+        obs, reward, terminated, truncated = parse_step(_call(env, "step", "step", action))
+    except ContractError as err:
+        raise Rejected("bad_step_type", f"step({action!r}): {err}") from None
+    if not math.isfinite(reward) or abs(reward) > REWARD_BOUND:
+        raise Rejected("reward_range", f"step({action!r}) gave reward {reward}, outside [-10, 10]")
+    return obs, reward, terminated, truncated
+
+
+def _trace(env: EnvProcess, checks: dict[str, bool]) -> list[tuple]:
+    """reset(42), then the probe actions: the episode that has to replay identically."""
+    trace: list[tuple] = [(_reset(env, 42),)]
+    checks["reset_42"] = True
+    for action in PROBE_ACTIONS:
+        trace.append(_step(env, action))
+        if trace[-1][2] or trace[-1][3]:
+            # subtle: a probe can win (a secret number 42); start over rather than step a finished episode
+            trace.append((_reset(env, 42),))
+    checks["step_types"] = checks["reward_range"] = True
+    return trace
+
+
+def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int = 12) -> Verdict:
+    """Run SPADE's validation checks on a program, all of them inside the sandbox; never raises on bad code.
+
+    Order: size/encoding (read, never run) -> compiles -> *Env class -> instantiates(max_turns) ->
+    reset(42) -> 3 probe steps (types, reward range) -> reset(123) -> the reset(42)+probes episode replayed
+    in the same instance (state kept across resets) and in a fresh process (clock, id(), global random).
+    """
+    checks = dict.fromkeys(CHECKS, False)
+    class_name = None
+    try:
+        code = _readable(code)
+        checks["size"] = True
+        with _open_checked(code, max_turns, limits, checks) as env:
+            class_name = env.class_name
+            first = _trace(env, checks)
+            _reset(env, 123)
+            checks["reset_123"] = True
+            again = _trace(env, checks)
+        with _open_checked(code, max_turns, limits, checks) as env:
+            fresh = _trace(env, checks)
+        for where, other in (("after a re-reset in the same instance", again), ("in a fresh process", fresh)):
+            if other != first:
+                raise Rejected("nondeterministic", f"reset(42) + probes differ {where}: {_difference(first, other)}")
+        checks["deterministic"] = True
+    except Rejected as err:
+        return Verdict(False, err.reason, class_name, checks, err.detail[:500])
+    return Verdict(True, "ok", class_name, checks)
+
+
+def _difference(a: list[tuple], b: list[tuple]) -> str:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)) - 1)
+    return f"call {i}: {str(a[i])[:100]!r} vs {str(b[i])[:100]!r}"
+
+
+def _readable(code: str | bytes | None) -> str:
+    """Input checks that need no execution: bytes must be UTF-8, text must be encodable and not huge."""
+    if code is None:
+        raise Rejected("no_code", "no ```python block in the answer")
+    try:
+        raw = code if isinstance(code, bytes) else code.encode("utf-8")
+        text = raw.decode("utf-8") if isinstance(code, bytes) else code
+    except UnicodeError as err:
+        raise Rejected("encoding", f"not valid UTF-8: {err.reason}") from None
+    if len(raw) > MAX_CODE_BYTES:
+        raise Rejected("too_large", f"{len(raw)} bytes of code; the limit is {MAX_CODE_BYTES}")
+    if "\x00" in text:
+        raise Rejected("syntax", "source contains a NUL byte")
+    return text
+
+
+def _open_checked(code: str, max_turns: int, limits: Limits, checks: dict[str, bool]) -> EnvProcess:
+    """open_env, recording which of compiles/env_class/instantiates passed before a failure."""
+    passed_before = {"no_env_class": ("compiles",), "init_error": ("compiles", "env_class")}
+    try:
+        env = open_env(code, max_turns, limits)
+    except SandboxError as err:
+        checks.update(dict.fromkeys(passed_before.get(err.reason, ()), True))
+        raise Rejected(err.reason, err.detail) from None
+    checks.update(compiles=True, env_class=True, instantiates=True)
+    return env
+
+
+def open_env(code: str, max_turns: int, limits: Limits = Limits()) -> EnvProcess:
+    """One sandboxed instance of the environment, constructed with max_turns (a context manager)."""
+    return EnvProcess(code, {"max_turns": max_turns}, limits)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the agent's side: actions and returns
+
+def first_boxed(text: str) -> str | None:
+    """Content of the first \\boxed{...}, nested braces included; None if there is no complete one.
+
+    >>> first_boxed(r"so \\boxed{\\frac{1}{2}} and \\boxed{3}"), first_boxed(r"\\boxed{open"), first_boxed("x")
+    ('\\\\frac{1}{2}', None, None)
+    """
+    start = text.find("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if depth == 0:
+                return text[begin:i]
+            depth -= 1
+    return None
+
+
+def all_boxed(text: str) -> list[str]:
+    r"""Every \boxed{...} command of a text, in order, e.g. a solution() sequence.
+
+    >>> all_boxed(r"\boxed{up} then \boxed{left}")
+    ['\\boxed{up}', '\\boxed{left}']
+    """
+    out = []
+    while (inner := first_boxed(text)) is not None:
+        out.append("\\boxed{" + inner + "}")
+        text = text[text.find("\\boxed{") + len(out[-1]):]
+    return out
+
+
+def to_action(reply: str) -> str:
+    """What `step` receives: \\boxed{<first boxed content>} of the reply, or the raw reply if it has none.
+
+    >>> to_action(r"I think 7. \\boxed{7} or \\boxed{8}"), to_action("left")
+    ('\\\\boxed{7}', 'left')
+    """
+    inner = first_boxed(reply)
+    return reply if inner is None else "\\boxed{" + inner + "}"
+
+
+def episode_return(last_reward: float | None, terminated: bool, crashed: bool) -> float:
+    """The last step's reward if the episode terminated, else 0; an exception in step -> -1; clipped to [-1, 1].
+
+    subtle: a non-finite last reward counts as a crash, so a NaN never reaches the advantages.
+
+    >>> episode_return(1.0, True, False), episode_return(0.5, False, False), episode_return(3.0, True, False)
+    (1.0, 0.0, 1.0)
+    >>> episode_return(None, False, True), episode_return(float("nan"), True, False)
+    (-1.0, -1.0)
+    """
+    if crashed or (last_reward is not None and not math.isfinite(last_reward)):
+        return -1.0
+    if not terminated or last_reward is None:
+        return 0.0
+    return max(-1.0, min(1.0, float(last_reward)))
+
+
+def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
+                  limits: Limits = Limits()) -> dict:
+    """Replay action texts (one per turn, through to_action) until the episode ends, the actions run out or
+    max_turns; for `spade-mini play --actions`. Returns {return, turns, terminated, failure, transcript}."""
+    transcript: list[dict] = []
+    last_reward, terminated, failure, turns = None, False, None, 0
+    try:
+        with open_env(code, max_turns, limits) as env:
+            transcript.append({"turn": 0, "observation": parse_reset(env.call("reset", seed))})
+            for turns, text in enumerate(actions[:max_turns], start=1):
+                action = to_action(text)
+                obs, last_reward, terminated, truncated = parse_step(env.call("step", action))
+                transcript.append({"turn": turns, "action": action, "observation": obs, "reward": last_reward,
+                                   "terminated": terminated, "truncated": truncated})
+                if terminated or truncated:
+                    break
+    except (SandboxError, ContractError) as err:
+        failure = getattr(err, "reason", "contract")
+        transcript.append({"turn": turns, "failure": failure, "detail": str(err)[:300]})
+    return {"return": episode_return(last_reward, terminated, failure is not None), "turns": turns,
+            "terminated": terminated, "failure": failure, "transcript": transcript}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# prompts: the text lives in prompts/*.txt; ${name} fields are filled with string.Template
+
+@cache
+def _template(name: str) -> str:
+    return (PROMPTS / name).read_text(encoding="utf-8").removesuffix("\n")
+
+
+def _fill(name: str, **fields: str) -> str:
+    # note: string.Template, not str.format: prompts and example code are full of literal braces (\boxed{})
+    return string.Template(_template(name)).substitute(fields)
+
+
+def agent_first_message(obs: str, hint: str | None = None) -> str:
+    """Turn 1 of every episode (prompts/agent.txt); a hint is appended to the observation.
+
+    >>> print(agent_first_message("Grid: A.G", hint="Walk right."))
+    You are playing a language game. Make valid actions to win.
+    Observation: Grid: A.G
+    <BLANKLINE>
+    HINT: Walk right.
+    Please reason step by step, and put your final answer within \\boxed{}.
+    """
+    if hint is not None:
+        obs = f"{obs}\n\nHINT: {hint}"
+    return _template("agent.txt").replace("{obs}", obs)
+
+
+def skill_ideas() -> dict[str, str]:
+    """Cold-start concept ideas per skill (prompts/skill_ideas.txt, one `Skill: idea; idea` line each)."""
+    lines = [line.split(":", 1) for line in _template("skill_ideas.txt").splitlines() if ":" in line]
+    return {name.strip(): ideas.strip() for name, ideas in lines}
+
+
+def designer_prompt(skill: str, document: str | None, positives: list[dict], negative: dict | None,
+                    max_words: int = DOC_WORDS) -> str:
+    """The Environment Designer's prompt: a corpus document (or, None, the cold-start prompt with skill
+    ideas), the contract, a short example environment, and the memory examples."""
+    fields = dict(skill=skill, contract=_template("contract.txt"), example=_template("example_env.txt"),
+                  memory=_memory_block(positives, negative))
+    if document is None:
+        return _fill("designer_nocorpus.txt", ideas=skill_ideas().get(skill, "any game that needs " + skill),
+                     **fields)
+    return _fill("designer.txt", document=truncate_words(document, max_words), **fields)
+
+
+def _memory_block(positives: list[dict], negative: dict | None) -> str:
+    parts = []
+    if positives:
+        parts.append("\nPast environments of this skill that the agent solves only sometimes. Write a new, "
+                     "harder or different variant; do not copy them:")
+    for rec in positives:
+        parts.append(f"### {rec['env_id']} (win rate {rec['win_rate']:.2f}, regret {rec['regret']:.2f})\n"
+                     f"```python\n{rec['code'][:MEMORY_CODE_CHARS].rstrip()}\n```")
+    if negative is not None:
+        kind = "too easy" if negative["win_rate"] > 0.5 else "too hard"
+        parts.append(f"\nAvoid environments like {env_name(negative)} (win rate {negative['win_rate']:.2f}: "
+                     f"{kind} for the agent).")
+    return "\n".join(parts) + ("\n" if parts else "")
+
+
+def env_name(record: dict) -> str:
+    """A memory record's display name: its Env class name, else its id."""
+    found = re.search(r"^class\s+(\w*Env)\b", record.get("code", ""), flags=re.MULTILINE)
+    return found.group(1) if found else str(record.get("env_id", "?"))
+
+
+def hint_prompt(code: str, max_chars: int = 12_000) -> str:
+    """The self-hint prompt (prompts/hint.txt): read the source, write a 1-3 sentence strategy hint."""
+    return _fill("hint.txt", code=code[:max_chars])
+
+
+def truncate_words(text: str, max_words: int) -> str:
+    """The text up to its max_words-th word, whitespace and line breaks kept.
+
+    >>> truncate_words("one two\\nthree four", 3)
+    'one two\\nthree'
+    """
+    for i, match in enumerate(re.finditer(r"\S+", text)):
+        if i + 1 == max_words:
+            return text[:match.end()]
+    return text
+
+
+# ----------------------------------------------------------------------------------------------------------
+# environment memory
+
+class Memory:
+    """Past environments with their scores, one JSON file, FIFO (oldest dropped beyond capacity)."""
+    REQUIRED = ("env_id", "skill", "code", "win_rate", "regret")
+
+    def __init__(self, path: str | Path, capacity: int = 200):
+        self.path, self.capacity = Path(path), capacity
+        self.records: list[dict] = self._load()[-capacity:] if self.path.exists() else []
+
+    @classmethod
+    def _check(cls, record) -> None:
+        if not (isinstance(record, dict) and all(k in record for k in cls.REQUIRED)
+                and all(isinstance(record[k], (int, float)) for k in ("win_rate", "regret"))):
+            raise ValueError(f"a memory record must be an object with {', '.join(cls.REQUIRED)}")
+
+    def _load(self) -> list[dict]:
+        """The saved records; a corrupted file is moved aside with a one-line warning (never a traceback)."""
+        try:
+            records = json.loads(self.path.read_bytes().decode("utf-8"))["records"]
+            for record in records:
+                self._check(record)
+            return records
+        except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError and UnicodeError are ValueErrors
+            aside = self.path.with_name(self.path.name + ".corrupt")
+            os.replace(self.path, aside)
+            why = f"{type(err).__name__}: {err}"[:100].replace("\n", " ")
+            _warn(f"{self.path} is corrupted ({why}); moved to {aside}, starting with an empty memory")
+            return []
+
+    def add(self, record: dict) -> None:
+        self._check(record)
+        self.records = (self.records + [record])[-self.capacity:]
+
+    def save(self) -> None:
+        write_atomic(self.path, json.dumps({"capacity": self.capacity, "records": self.records}) + "\n")
+
+    def positives(self, skill: str, rng: random.Random, k: int = 2) -> list[dict]:
+        """k drawn from the top 10 by regret among same-skill records with 0.15 <= win rate <= 0.85."""
+        pool = [r for r in self.records if r["skill"] == skill and 0.15 <= r["win_rate"] <= 0.85]
+        top = sorted(pool, key=lambda r: -r["regret"])[:10]
+        return rng.sample(top, min(k, len(top)))
+
+    def negative(self, skill: str, rng: random.Random) -> dict | None:
+        """One same-skill record the agent finds too easy (win rate > 0.9) or too hard (< 0.1)."""
+        pool = [r for r in self.records if r["skill"] == skill and not 0.1 <= r["win_rate"] <= 0.9]
+        return rng.choice(pool) if pool else None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# grounding corpus
+
+class CorpusError(ValueError):
+    """The corpus cannot be used (missing file, nothing usable in it)."""
+
+
+def load_corpus(path: str | Path | None, max_words: int = DOC_WORDS, min_words: int = 150) -> list[str]:
+    """Documents for the designer to read, each cut to max_words words.
+
+    None -> real human-written documentation that ships with every machine that has torch: Python's
+    `pydoc_data.topics` (the language reference) and sympy's docstrings (sympy comes with torch), those of
+    at least min_words words, in a fixed order. A path -> a SPICE-style jsonl, one {"text" or "orig_doc"}
+    per line; bad lines are skipped with one counted warning.
+    """
+    docs = _bundled_docs(min_words) if path is None else _jsonl_docs(Path(path))
+    if not docs:
+        raise CorpusError(f"no usable documents in {path or 'the bundled corpus'}")
+    return [truncate_words(d, max_words) for d in docs]
+
+
+def _bundled_docs(min_words: int) -> list[str]:
+    import inspect
+    from pydoc_data.topics import topics
+    docs = [topics[k] for k in sorted(topics)]
+    try:
+        import sympy
+    except ImportError:
+        _warn("sympy is not installed; the bundled corpus is Python's documentation only")
+        sympy = None
+    for name in sorted(dir(sympy)) if sympy else []:
+        # note: inspect.getdoc inherits class docstrings, so duplicates are dropped below
+        doc = None if name.startswith("_") else inspect.getdoc(getattr(sympy, name))
+        docs.append(doc or "")
+    return [d for d in dict.fromkeys(docs) if len(d.split()) >= min_words]
+
+
+def _jsonl_docs(path: Path) -> list[str]:
+    if not path.is_file():
+        raise CorpusError(f"corpus file not found: {path}")
+    docs, bad, lines = [], 0, path.read_bytes().splitlines()
+    for line in lines:
+        try:
+            obj = json.loads(line.decode("utf-8"))
+            text = obj.get("text") or obj.get("orig_doc")
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError("no 'text' or 'orig_doc' string")
+            docs.append(text)
+        except (ValueError, AttributeError):   # bad JSON, bad UTF-8, not an object, no text
+            bad += line.strip() != b""
+    if bad:
+        _warn(f"skipped {bad} of {len(lines)} corpus lines in {path} (bad JSON or no 'text'/'orig_doc' field)")
+    return docs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# crash-safe files: replaced atomically, or append-only with a reader that tolerates a torn last line
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write to a temp file in the same directory, fsync, rename over path: readers see old or new, never half."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)   # the rename itself survives a power cut only once the directory is synced
+    finally:
+        os.close(dir_fd)
+
+
+def append_jsonl(path: str | Path, record: dict) -> None:
+    """Append one JSON line, flush and fsync. A line counts only once its newline is written.
+
+    subtle: after a crash the file may end in a torn line; appending to it would glue the new record onto
+    the fragment and lose both, so the fragment is cut off first.
+    """
+    with open(path, "ab+") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.seek(0)
+                data = f.read()
+                f.truncate(data.rfind(b"\n") + 1)
+        f.write((json.dumps(record) + "\n").encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Every committed record (a line ending in a newline); a torn last line is ignored, a bad middle line
+    is skipped with a counted warning. A missing file reads as empty."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")[:-1]   # the part after the last newline is uncommitted (empty, or torn)
+    out, bad = [], 0
+    for line in lines:
+        try:
+            obj = json.loads(line.decode("utf-8"))
+            if not isinstance(obj, dict):
+                raise ValueError("not an object")
+            out.append(obj)
+        except ValueError:
+            bad += line.strip() != b""
+    if bad:
+        _warn(f"skipped {bad} unreadable lines in {path}")
+    return out
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)

@@ -1,0 +1,13 @@
+"""Fixture (broken: timeout -- step never returns)."""
+
+
+class ForeverEnv:
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Say anything in \\boxed{}.", {}
+
+    def step(self, action):
+        while True:
+            pass

@@ -1,0 +1,12 @@
+"""Fixture (broken: no_env_class -- the class is called Game)."""
+
+
+class Game:
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Say anything in \\boxed{}.", {}
+
+    def step(self, action):
+        return "ok", 0.0, False, False, {}

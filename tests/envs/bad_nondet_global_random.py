@@ -1,0 +1,15 @@
+"""Fixture (broken: nondeterministic -- the global random module, never seeded by reset)."""
+
+import random
+
+
+class LuckyEnv:
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        self.secret = random.randint(1, 10**9)
+        return "Guess the number in \\boxed{}.", {}
+
+    def step(self, action):
+        return f"No, not {action}; it is not {self.secret + 1}.", 0.0, False, False, {}

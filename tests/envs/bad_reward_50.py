@@ -1,0 +1,12 @@
+"""Fixture (broken: reward_range -- step pays 50, outside [-10, 10])."""
+
+
+class TooRichEnv:
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Say anything in \\boxed{}.", {}
+
+    def step(self, action):
+        return "ok", 50.0, False, False, {}

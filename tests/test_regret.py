@@ -1,0 +1,161 @@
+"""regret.py: hand-computed values, the derivation in each docstring."""
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import regret
+
+ENV_DIR = Path(__file__).parent / "envs"
+
+
+@pytest.fixture
+def fixture_codes() -> list[str]:
+    return [p.read_text() for p in sorted(ENV_DIR.glob("good_*.py"))]
+
+
+def test_hint_regret_is_unfloored():
+    """0.25 - 0.75 = -0.5: the memory keeps the sign, only the `regret` reward floors it."""
+    assert regret.hint_regret(0.25, 0.75) == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize("w, expected", [
+    (0.0, 0.0), (0.15, 0.0), (0.2, 0.2), (0.4, 1.0), (0.5, 1.0), (0.6, 1.0), (0.7, 0.6), (0.85, 0.0), (1.0, 0.0),
+])
+def test_plateau_values(w, expected):
+    """Rising edge (w - 0.15) / 0.25: w=0.2 -> 0.05/0.25 = 0.2. Falling edge (0.85 - w) / 0.25: w=0.7 -> 0.6."""
+    assert regret.plateau(w) == pytest.approx(expected)
+
+
+def test_regret_reward_floors_at_zero():
+    """max(0, 0.2 - 0.5) = 0 and max(0, 0.9 - 0.5) = 0.4."""
+    assert regret.designer_reward("regret", 0.2, 0.5, 0.5) == 0.0
+    assert regret.designer_reward("regret", 0.9, 0.5, 0.5) == pytest.approx(0.4)
+
+
+def test_blend_reward_worked_example():
+    """0.4 * clip((0.5 - 0.35) / 0.15) + 0.6 * plateau(0.35) = 0.4 * 1 + 0.6 * 0.8 = 0.88."""
+    assert regret.designer_reward("blend", 0.5, 0.35, 0.35) == pytest.approx(0.88)
+
+
+def test_blend_reward_partial_gap_and_flat_plateau():
+    """gap 0.06 / 0.15 = 0.4, so 0.4 * 0.4 + 0.6 * plateau(0.5) = 0.16 + 0.6 = 0.76."""
+    assert regret.designer_reward("blend", 0.56, 0.5, 0.5) == pytest.approx(0.76)
+
+
+def test_blend_negative_gap_clips_to_zero():
+    """gap -0.3 clips to 0; w=0.9 is off the plateau: 0.4 * 0 + 0.6 * 0 = 0."""
+    assert regret.designer_reward("blend", 0.6, 0.9, 0.9) == 0.0
+
+
+def test_solve_rate_ignores_the_hint():
+    """plateau(0.2) = 0.05 / 0.25 = 0.2, whatever R_hint is."""
+    assert regret.designer_reward("solve_rate", 1.0, 0.2, 0.2) == pytest.approx(0.2)
+    assert regret.designer_reward("solve_rate", 0.0, 0.2, 0.2) == pytest.approx(0.2)
+
+
+def test_learning_potential_is_distance_to_slow_mean():
+    """|0.3 - 0.54| = 0.24; no history yet (mu None) -> 0."""
+    assert regret.designer_reward("learning_potential", 0, 0, 0.3, mu_slow=0.54) == pytest.approx(0.24)
+    assert regret.designer_reward("learning_potential", 0, 0, 0.3) == 0.0
+
+
+def test_unknown_variant_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown designer reward variant"):
+        regret.designer_reward("minimax", 0.5, 0.5, 0.5)
+
+
+def test_update_slow_mean_step():
+    """0.15 * 0.2 + 0.85 * 0.6 = 0.54; then 0.15 * 0.54 + 0.85 * 0 = 0.081."""
+    mu = regret.update_slow_mean(0.2, 0.6)
+    assert mu == pytest.approx(0.54)
+    assert regret.update_slow_mean(mu, 0.0) == pytest.approx(0.081)
+
+
+def test_agent_advantages_zscore():
+    """[0, 0, 1, 1]: mean 0.5, population std 0.5 -> [-1, -1, 1, 1]; [0, 0, 0, 1]: mean 0.25,
+    std sqrt(3/16) = 0.4330 -> (0 - 0.25) / 0.4330 = -0.5774, (1 - 0.25) / 0.4330 = 1.7321."""
+    assert regret.agent_advantages([0, 0, 1, 1]) == pytest.approx([-1, -1, 1, 1], abs=1e-6)
+    assert regret.agent_advantages([0, 0, 0, 1]) == pytest.approx([-0.57735] * 3 + [1.73205], abs=1e-5)
+
+
+def test_agent_advantages_constant_group_is_zero():
+    assert regret.agent_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+    assert regret.agent_advantages([]) == []
+
+
+def test_designer_advantages_center_per_skill_and_scale():
+    """4 envs, 400 agent samples: S = min(400 / 4, 50) = 50. Skill A [1, 0] mean 0.5 -> +-0.5 * 50 = +-25;
+    skill B [0.3, 0.1] mean 0.2 -> +-0.1 * 50 = +-5. No std division."""
+    adv = regret.designer_advantages([1.0, 0.0, 0.3, 0.1], ["A", "A", "B", "B"], 400)
+    assert adv == pytest.approx([25.0, -25.0, 5.0, -5.0])
+
+
+def test_designer_advantages_scale_below_cap():
+    """2 envs, 6 agent samples: S = 6 / 2 = 3; [0.4, 0.0] same skill, mean 0.2 -> [0.6, -0.6]."""
+    assert regret.designer_advantages([0.4, 0.0], ["A", "A"], 6) == pytest.approx([0.6, -0.6])
+
+
+def test_designer_advantages_length_mismatch_raises():
+    with pytest.raises(ValueError):
+        regret.designer_advantages([0.1], ["A", "B"], 4)
+
+
+def test_zero_variance_fraction():
+    """Groups [1,1] flat, [0,1] not, [0.2,0.2,0.2] flat, [0.5] flat (single): 3 / 4 = 0.75."""
+    assert regret.zero_variance_fraction([[1, 1], [0, 1], [0.2, 0.2, 0.2], [0.5]]) == pytest.approx(0.75)
+    assert regret.zero_variance_fraction([]) == 0.0
+
+
+def test_vendi_score_of_half_similar_pair():
+    """K = [[1, .5], [.5, 1]]: eig(K/2) = .75, .25; exp(-(.75 ln .75 + .25 ln .25)) = exp(0.5623) = 1.7548."""
+    expected = math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert regret.vendi_score(np.array([[1, 0.5], [0.5, 1]])) == pytest.approx(expected)
+    assert expected == pytest.approx(1.7548, abs=1e-4)
+
+
+def test_diversity_identical_programs_is_one_over_n():
+    code = "class GuessEnv:\n    def reset(self, seed=None):\n        return 'hi', {}\n"
+    assert regret.diversity([code] * 5) == pytest.approx(1 / 5)
+
+
+def test_diversity_unrelated_programs_is_close_to_one():
+    codes = ["import math\nprint(math.pi * radius ** 2)",
+             "for word in sentence.split(): counts[word] += 1",
+             "while queue:\n    node = queue.pop()\n    seen.add(node)",
+             "SELECT name FROM users WHERE age > 30;"]
+    assert regret.diversity(codes) > 0.95
+
+
+def test_diversity_of_fixture_environments_sits_between(fixture_codes):
+    """Three different games written in one house style share boilerplate: diverse, but not unrelated."""
+    d = regret.diversity(fixture_codes)
+    assert 1 / 3 < d < 1.0
+
+
+def test_hint_leak_number_answer():
+    assert regret.hint_leak("The secret is 37, just say it.", r"\boxed{37}")
+    assert not regret.hint_leak("Use the higher/lower feedback to halve the range.", r"\boxed{37}")
+    assert not regret.hint_leak("Try 370.", r"\boxed{37}")  # whole tokens only
+
+
+def test_hint_leak_needs_every_key_value():
+    """Solution 'right right down': keys {right, down}; a hint naming only 'right' does not give it away."""
+    sol = [r"\boxed{right}", r"\boxed{right}", r"\boxed{down}"]
+    assert not regret.hint_leak("Head right first.", sol)
+    assert regret.hint_leak("Go RIGHT twice, then down.", sol)
+
+
+def test_opening_leak():
+    sol = r"\boxed{guess 12}"
+    assert regret.opening_leak("Target: 12. Guess it with \\boxed{guess N}.", sol)
+    assert not regret.opening_leak("Guess a number from 1 to 100 with \\boxed{guess N}.", sol)
+
+
+def test_loc_skips_blank_and_comment_lines():
+    assert regret.loc("import os\n\n   # why\nx = 1\n\n") == 2
+
+
+def test_no_solution_means_no_leak():
+    assert not regret.hint_leak("anything 37", None) and not regret.opening_leak("anything", "")
