@@ -1,0 +1,543 @@
+"""Hostile environments: one test per attack or fault. Each must end as a SandboxError with a clear reason (or a
+clean result where that is the right answer) within the deadline + 1 s, with this process alive and bounded in
+memory, no process left behind, no file written outside the sandbox, no connection made, no secret leaked.
+
+Tests named `..._past_the_audit_hook` assume an attacker who has defeated the audit hook (a CPython memory bug,
+say): the child runs without it, and the OS layers alone must hold. They skip, saying so, on machines where
+isolation_report() shows those layers missing.
+"""
+import os
+import secrets
+import socket
+import textwrap
+import time
+
+import pytest
+
+import sandbox
+from sandbox import EnvProcess, Limits, SandboxError
+
+SECRET = "spade-secret-" + secrets.token_hex(8)
+os.environ["SPADE_HOSTILE_SECRET"] = SECRET   # visible to any child that is not scrubbed
+TIMEOUT = 1.0
+
+
+def env(reset: str = "return 'ok', {}", step: str = "return 'ok', 0.0, False, False, {}", init: str = "pass",
+        prelude: str = "") -> str:
+    """Source of an environment whose methods run the given bodies."""
+    body = lambda text: textwrap.indent(textwrap.dedent(text).strip(), " " * 8)
+    return (textwrap.dedent(prelude) + "\nclass AttackEnv:\n    def __init__(self, **kwargs):\n" + body(init)
+            + "\n    def reset(self, seed=None):\n" + body(reset)
+            + "\n    def step(self, action):\n" + body(step) + "\n")
+
+
+def processes() -> dict:
+    """pid -> (parent pid, command line) of every live (non-zombie) process."""
+    table = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X"):
+            table[int(entry)] = (int(fields[1]), cmdline)
+    return table
+
+
+def leftovers(marker: str = "") -> list:
+    """Descendants of this process, and any process anywhere whose command line holds marker."""
+    table, found, frontier = processes(), set(), {os.getpid()}
+    while frontier:
+        frontier = {p for p, (pp, _) in table.items() if pp in frontier} - found
+        found |= frontier
+    found |= {p for p, (_, cmd) in table.items() if marker and marker in cmd and p != os.getpid()}
+    return sorted(found)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) / 1024
+
+
+def attack(code: str, calls=(("reset", (0,)),), marker: str = "", **limits):
+    """Start code and make calls until one fails; return the last result or the SandboxError. Checks the
+    properties every attack must keep: deadline + 1 s per call, nothing left running, nothing leaked."""
+    limits = Limits(**{"call_timeout": TIMEOUT, **limits})
+    outcome, env, t0 = None, None, time.monotonic()
+    try:
+        env = EnvProcess(code, {}, limits)
+        for method, args in calls:
+            assert time.monotonic() - t0 < limits.call_timeout + 1.5
+            t0 = time.monotonic()
+            outcome = env.call(method, *args)
+    except SandboxError as err:
+        outcome = err
+    finally:
+        if env is not None:
+            env.close()
+    assert time.monotonic() - t0 < limits.call_timeout + 1.0 + 0.5   # + start-up for attacks in __init__
+    assert leftovers(marker) == []
+    assert SECRET not in repr(outcome)
+    return outcome
+
+
+def reason(outcome) -> str:
+    return outcome.reason if isinstance(outcome, SandboxError) else "ok"
+
+
+def needs(layer: str):
+    report = sandbox.isolation_report()
+    return pytest.mark.skipif(not report[layer], reason=f"{layer} not active here: {report['why']}")
+
+
+@pytest.fixture
+def hook_defeated(monkeypatch):
+    """Children started in this test run without the audit hook (layers 1-5 and 7 remain)."""
+    assert sandbox._CHILD_SOURCE.count("sys.addaudithook(hook)") == 1
+    monkeypatch.setattr(sandbox, "_CHILD_SOURCE", sandbox._CHILD_SOURCE.replace("sys.addaudithook(hook)", "pass"))
+
+
+# Loads _posixsubprocess by hand (extension modules are loaded by _imp.create_dynamic), under a disguised name.
+LOAD_BY_HAND = '''
+import _imp, os, sys
+import importlib.machinery as machinery
+
+def load_by_hand(name, real_name):
+    lib = next(p for p in sys.path if p.endswith("lib-dynload"))
+    path = os.path.join(lib, next(f for f in os.listdir(lib) if f.startswith(real_name + ".")))
+    spec = machinery.ModuleSpec(name, machinery.ExtensionFileLoader(name, path), origin=path)
+    return _imp.create_dynamic(spec)
+'''
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    yield server
+    with pytest.raises(BlockingIOError):   # nothing ever connected
+        server.accept()
+    server.close()
+
+
+# --- time -------------------------------------------------------------------------------------------------------
+
+def test_infinite_loop_in_init():
+    assert reason(attack(env(init="while True: pass"))) == "timeout"
+
+
+def test_infinite_loop_in_reset():
+    assert reason(attack(env(reset="while True: pass"))) == "timeout"
+
+
+def test_infinite_loop_in_step():
+    assert reason(attack(env(step="while True: pass"), [("reset", ()), ("step", ("x",))])) == "timeout"
+
+
+def test_sleeping_past_the_deadline():
+    assert reason(attack(env(reset="import time\ntime.sleep(30)"))) == "timeout"
+
+
+def test_cpu_limit_ends_a_busy_child():
+    """RLIMIT_CPU counts the whole life of the instance: 1 s of CPU, even with a generous wall-clock deadline."""
+    outcome = attack(env(reset="while True: pass"), call_timeout=30.0, cpu_seconds=1)
+    assert reason(outcome) == "timeout" and "CPU time limit" in outcome.detail   # not the 30 s deadline
+
+
+def test_infinite_loop_in_module_level_code():
+    assert reason(attack("while True:\n    pass\nclass AttackEnv: pass\n")) == "timeout"
+
+
+# --- memory and crashes -----------------------------------------------------------------------------------------
+
+def test_memory_bomb():
+    before = rss_mb()
+    outcome = attack(env(reset="hog = []\nwhile True: hog.append(bytearray(50 << 20))"), memory_mb=300)
+    assert reason(outcome) == "memory" and rss_mb() - before < 50
+
+
+def test_memory_bomb_after_trying_to_raise_the_limits():
+    code = env(reset='''
+        import resource
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        except Exception:
+            pass
+        hog = bytearray(2 << 30)''')
+    assert reason(attack(code, memory_mb=300)) == "forbidden"
+
+
+def test_deep_recursion_to_a_segfault():
+    """The recursion limit lifted, a deeply nested repr overflows the C stack: SIGSEGV -> 'crash'."""
+    code = env(reset='''
+        import sys
+        sys.setrecursionlimit(10 ** 7)
+        nested = []
+        for _ in range(3 * 10 ** 5):
+            nested = [nested]
+        return repr(nested)''')
+    outcome = attack(code, call_timeout=5.0)
+    assert reason(outcome) == "crash" and "Segmentation fault" in outcome.detail
+
+
+def test_os_exit_is_a_crash():
+    outcome = attack(env(reset="import os\nos._exit(3)"))
+    assert reason(outcome) == "crash"
+
+
+def test_huge_observation():
+    before = rss_mb()
+    outcome = attack(env(reset="return 'x' * (300 << 20), {}"), memory_mb=1024, call_timeout=5.0)
+    assert reason(outcome) == "too_large" and rss_mb() - before < 50
+
+
+def test_huge_observation_made_of_many_small_pieces():
+    outcome = attack(env(reset="return ['ab'] * (10 << 20), {}"), memory_mb=1024)
+    assert reason(outcome) == "too_large"
+
+
+def test_self_referencing_observation():
+    outcome = attack(env(reset="obs = []\nobs.append(obs)\nreturn obs, {}"))
+    assert reason(outcome) == "not_serializable"
+
+
+def test_non_serializable_return_value():
+    outcome = attack(env(reset="return object(), {}"))
+    assert reason(outcome) == "not_serializable" and "object" in outcome.detail
+
+
+def test_nan_and_inf_rewards_round_trip():
+    outcome = attack(env(step="return 'obs', float('nan'), False, False, {'r': float('-inf')}"),
+                     [("reset", ()), ("step", ("x",))])
+    assert outcome[1] != outcome[1] and outcome[4] == {"r": float("-inf")}
+
+
+def test_file_size_limit():
+    """A write past RLIMIT_FSIZE fails inside the env (an 'error'), it does not kill the child."""
+    code = env(reset="open('big.bin', 'wb').write(b'x' * (3 << 20))", step="return 'alive'")
+    with EnvProcess(code, {}, Limits(call_timeout=TIMEOUT)) as victim:
+        with pytest.raises(SandboxError) as err:
+            victim.call("reset")
+        assert err.value.reason == "error" and "File too large" in err.value.detail
+        assert victim.call("step", "x") == "alive"
+    assert leftovers() == []
+
+
+# --- processes ----------------------------------------------------------------------------------------------------
+
+def test_fork_bomb():
+    assert reason(attack(env(reset="import os\nwhile True:\n    os.fork()"))) == "forbidden"
+
+
+def test_double_fork_setsid_daemon():
+    code = env(reset='''
+        import os
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                import time
+                time.sleep(1000)''')
+    assert reason(attack(code)) == "forbidden"
+
+
+@needs("namespaces")
+def test_double_fork_setsid_daemon_past_the_audit_hook(hook_defeated):
+    """The daemon escapes the process group but not the PID namespace: it dies when the environment is closed."""
+    marker = "sleep_marker_" + secrets.token_hex(4)
+    code = env(reset=f'''
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv("/bin/sleep", ["/bin/sleep", "1000", "{marker}"])
+            os._exit(0)
+        time.sleep(0.3)
+        return "spawned", {{}}''')
+    assert attack(code, marker=marker)[0] == "spawned"   # attack() checked that the daemon is gone
+
+
+def test_subprocess():
+    code = env(reset="import subprocess\nreturn subprocess.run(['id'], capture_output=True).stdout.decode(), {}")
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_os_system():
+    assert reason(attack(env(reset="import os\nos.system('touch /tmp/spade_pwned')"))) == "forbidden"
+    assert not os.path.exists("/tmp/spade_pwned")
+
+
+def test_os_posix_spawn():
+    code = env(reset="import os\nos.posix_spawn('/bin/true', ['true'], {})")
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_kill_the_parent():
+    outcome = attack(env(reset="import os\nos.kill(os.getppid() or 1, 9)\nos.kill(1, 9)"))
+    assert reason(outcome) == "forbidden"   # and this process is still running this line
+
+
+def test_kill_the_process_group():
+    assert reason(attack(env(reset="import os\nos.killpg(0, 9)"))) == "forbidden"
+
+
+@needs("namespaces")
+def test_signal_the_trainer_past_the_audit_hook(hook_defeated):
+    """This process's pid means nothing inside the child's PID namespace: the signal never arrives here."""
+    import signal
+    received = []
+    previous = signal.signal(signal.SIGUSR2, lambda *a: received.append(a))
+    try:
+        code = env(reset=f"import os\ntry:\n    os.kill({os.getpid()}, 12)\nexcept OSError as e:\n"
+                         f"    return e.errno, {{}}\nreturn 'sent', {{}}")
+        attack(code)
+        time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert received == []
+
+
+def test_posixsubprocess_loaded_by_hand():
+    """Native modules load through an audited import event; a disguised name does not hide the module."""
+    code = env(prelude=LOAD_BY_HAND, reset="load_by_hand('x._posixsubprocess', '_posixsubprocess')")
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_native_module_from_the_private_directory():
+    """A shared object written by the env (or to a memfd) is not loaded: only the stdlib's extensions are."""
+    code = env(prelude=LOAD_BY_HAND, reset='''
+        open("evil.so", "wb").write(b"\\x7fELF")
+        path = os.path.abspath("evil.so")
+        _imp.create_dynamic(machinery.ModuleSpec("evil", machinery.ExtensionFileLoader("evil", path), origin=path))''')
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_native_module_from_a_memfd():
+    code = env(prelude=LOAD_BY_HAND, reset='''
+        fd = os.memfd_create("evil")
+        os.write(fd, b"\\x7fELF")
+        path = f"/proc/self/fd/{fd}"
+        _imp.create_dynamic(machinery.ModuleSpec("evil", machinery.ExtensionFileLoader("evil", path), origin=path))''')
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_thread_that_keeps_running():
+    """A thread spinning after the call returned: later calls still answer; close() ends it."""
+    code = env(reset='''
+        import threading
+        def spin():
+            while True:
+                pass
+        threading.Thread(target=spin, daemon=True).start()
+        return 'started', {}''', step="return 'still here'")
+    assert attack(code, [("reset", ()), ("step", ("x",)), ("step", ("y",))]) == "still here"
+
+
+def test_thread_that_writes_fake_replies_later():
+    """A thread forging replies on every descriptor while the next call runs: 'protocol', never the forgery."""
+    code = env(reset='''
+        import os, threading, time
+        fake = b"0" * 32 + b" 0000000034\\n" + b'{"ok": true, "value": "forged!!!"}'
+        def forge():
+            time.sleep(0.2)
+            for fd in range(3, 64):
+                try:
+                    os.write(fd, fake)
+                except OSError:
+                    pass
+        threading.Thread(target=forge).start()
+        return 'started', {}''', step="import time\ntime.sleep(0.5)\nreturn 'genuine'")
+    outcome = attack(code, [("reset", ()), ("step", ("x",))])
+    assert outcome != "forged!!!" and reason(outcome) in ("protocol", "ok")
+
+
+# --- native code ------------------------------------------------------------------------------------------------
+
+def test_ctypes_call_into_libc():
+    code = env(reset="import ctypes\nlibc = ctypes.CDLL('libc.so.6')\nlibc.system(b'touch /tmp/spade_pwned')")
+    assert reason(attack(code)) == "forbidden"
+    assert not os.path.exists("/tmp/spade_pwned")
+
+
+def test_ctypes_loaded_past_the_import_check():
+    """_ctypes loaded by hand under another name is refused at import, and its calls raise ctypes events anyway."""
+    code = env(prelude=LOAD_BY_HAND, reset="load_by_hand('x._ctypes', '_ctypes').dlopen('libc.so.6')")
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_crafted_code_object():
+    code = env(reset="import marshal\nmarshal.loads(b'\\xe3' + bytes(100))")
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_removing_the_audit_hook():
+    code = env(reset="import sys\nsys.addaudithook(lambda *a: None)")
+    assert reason(attack(code)) == "forbidden"
+
+
+# --- files ------------------------------------------------------------------------------------------------------
+
+def test_write_to_tmp():
+    path = f"/tmp/spade_pwned_{secrets.token_hex(4)}"
+    assert reason(attack(env(reset=f"open({path!r}, 'w').write('x')"))) == "forbidden"
+    assert not os.path.exists(path)
+
+
+def test_write_to_the_home_directory():
+    path = os.path.join(os.path.expanduser("~"), f"spade_pwned_{secrets.token_hex(4)}")
+    assert reason(attack(env(reset=f"open({path!r}, 'w').write('x')"))) == "forbidden"
+    assert not os.path.exists(path)
+
+
+def test_refusal_is_sticky_even_when_caught():
+    path = f"/tmp/spade_pwned_{secrets.token_hex(4)}"
+    code = env(reset=f"try:\n    open({path!r}, 'w')\nexcept Exception:\n    pass\nreturn 'fine', {{}}")
+    assert reason(attack(code)) == "forbidden" and not os.path.exists(path)
+
+
+@needs("read_only_filesystem")
+def test_write_outside_past_the_audit_hook(hook_defeated):
+    """Without the hook the child can still write nowhere: / and /dev/shm are read-only, its tmpfs is private."""
+    paths = [f"/tmp/spade_pwned_{secrets.token_hex(4)}", f"/dev/shm/spade_pwned_{secrets.token_hex(4)}",
+             os.path.join(os.path.expanduser("~"), f"spade_pwned_{secrets.token_hex(4)}"),
+             os.path.join(os.path.dirname(os.path.abspath(__file__)), f"spade_pwned_{secrets.token_hex(4)}")]
+    code = env(reset=f'''
+        errors = []
+        for path in {paths!r}:
+            try:
+                open(path, "w").write("x")
+                errors.append(0)
+            except OSError as e:
+                errors.append(e.errno)
+        return errors, {{}}''')
+    outcome = attack(code)
+    assert 0 not in outcome[0] and not any(os.path.exists(p) for p in paths)
+
+
+def test_open_a_descriptor_by_number():
+    assert reason(attack(env(reset="open(5, 'wb', closefd=False).write(b'x')"))) == "forbidden"
+
+
+def test_symlink_out_of_the_sandbox():
+    assert reason(attack(env(reset="import os\nos.symlink('/etc', 'etc')"))) == "forbidden"
+
+
+# --- secrets ------------------------------------------------------------------------------------------------------
+
+def test_read_parent_environment_variables():
+    outcome = attack(env(reset="import os\nreturn dict(os.environ), {}"))
+    assert "SPADE_HOSTILE_SECRET" not in outcome[0]
+
+
+def test_read_proc_parent_environ():
+    code = env(reset="import os\nreturn open(f'/proc/{os.getppid() or 1}/environ').read(), {}")
+    assert reason(attack(code)) == "forbidden"
+
+
+@needs("namespaces")
+def test_read_every_environ_in_proc_past_the_audit_hook(hook_defeated):
+    """Without the hook the child sees only its own PID namespace in /proc: no trainer, no secret."""
+    code = env(reset='''
+        import os
+        seen = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                seen[pid] = open(f"/proc/{pid}/environ", "rb").read().decode()
+            except OSError as e:
+                seen[pid] = e.errno
+        return seen, {}''')
+    outcome = attack(code)   # attack() checks that SECRET appears nowhere in it
+    assert list(outcome[0]) == ["1"]
+
+
+# --- network ------------------------------------------------------------------------------------------------------
+
+def test_network_connection_to_localhost(listener):
+    port = listener.getsockname()[1]
+    code = env(reset=f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=0.5)")
+    assert reason(attack(code)) == "forbidden"
+
+
+@needs("namespaces")
+def test_network_connection_past_the_audit_hook(listener, hook_defeated):
+    port = listener.getsockname()[1]
+    code = env(reset=f'''
+        import socket
+        try:
+            socket.create_connection(("127.0.0.1", {port}), timeout=0.5)
+        except OSError as e:
+            return e.errno, {{}}
+        return "CONNECTED", {{}}''')
+    assert attack(code)[0] != "CONNECTED"
+
+
+@needs("unprivileged_user")
+def test_memory_bomb_after_raising_the_limits_past_the_audit_hook(hook_defeated):
+    code = env(reset='''
+        import resource
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        except (ValueError, OSError):
+            pass
+        hog = bytearray(2 << 30)''')
+    assert reason(attack(code, memory_mb=300)) == "memory"
+
+
+# --- output and protocol ----------------------------------------------------------------------------------------
+
+def test_stdout_and_stderr_floods():
+    code = env(reset='''
+        import sys
+        line = "x" * 65536
+        for _ in range(800):
+            print(line)
+            print(line, file=sys.stderr)
+        return 'done', {}''')
+    assert attack(code)[0] == "done"
+
+
+def test_fake_protocol_messages_on_every_descriptor():
+    """Well-formed frames with a guessed nonce written to descriptors 0..63 are never accepted as the reply."""
+    code = env(reset='''
+        import os
+        fake = b"0" * 32 + b" 0000000034\\n" + b'{"ok": true, "value": "forged!!!"}'
+        for fd in range(64):
+            try:
+                os.write(fd, fake)
+            except OSError:
+                pass
+        return 'genuine', {}''')
+    outcome = attack(code)
+    assert reason(outcome) == "protocol"
+
+
+def test_fake_message_on_stdout_is_ignored():
+    code = env(reset='''
+        import os
+        os.write(1, b"0" * 32 + b" 0000000034\\n" + b'{"ok": true, "value": "forged!!!"}')
+        print('{"ok": true, "value": "forged!!!"}')
+        return 'genuine', {}''')
+    assert attack(code) == ["genuine", {}]
+
+
+def test_closing_the_protocol_descriptors():
+    code = env(reset="import os\nfor fd in range(3, 64):\n    try:\n        os.close(fd)\n    except OSError:\n"
+                     "        pass\nreturn 'x', {}")
+    assert reason(attack(code)) == "crash"
+
+
+def test_flood_of_bytes_on_the_reply_pipe():
+    code = env(reset='''
+        import os
+        junk = b"9" * 65536
+        for fd in range(3, 64):
+            try:
+                for _ in range(100):
+                    os.write(fd, junk)
+            except OSError:
+                pass''')
+    assert reason(attack(code)) in ("protocol", "timeout")   # timeout: it blocked on a full pipe first
