@@ -1,0 +1,120 @@
+"""End-to-end tests of the loop and the command line, with a tiny random model and tiny settings."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A deterministic environment whose one-turn reward depends on what the agent says, so that a random model's
+# plays differ in reward and the agent update has something to push on.
+ECHO_ENV = '''
+class EchoEnv:
+    """Say anything; the reward is the length of the command modulo 3, halved."""
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+        self.turn_count = 0
+    def reset(self, seed=None):
+        self.turn_count = 0
+        return "Say something inside \\\\boxed{}.", {}
+    def step(self, action):
+        self.turn_count += 1
+        command = action.split("boxed{", 1)[-1].rstrip("}")
+        reward = (len(command) % 3) / 2.0
+        return "done. Answer in \\\\boxed{}.", reward, True, False, {}
+'''
+
+TINY = ["--model", "tiny-random", "--envs-per-step", "2", "--design-attempts", "1", "--plays", "3",
+        "--hinted-plays", "2", "--max-turns", "2", "--designer-max-new-tokens", "24", "--hint-max-new-tokens",
+        "8", "--agent-max-new-tokens", "8", "--agent-max-episode-tokens", "16", "--doc-words", "50"]
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pool")
+    (folder / "echo.py").write_text(ECHO_ENV)
+    return folder
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_two_steps_writes_the_run_directory(tmp_path):
+    out = tmp_path / "run"
+    assert train.main(["train", *TINY, "--steps", "2", "--out", str(out), "--invalid-penalty", "-0.5"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model"] == "tiny-random" and cfg["steps"] == 2
+    metrics = records(out)
+    assert "config" in metrics[0]
+    steps = [r for r in metrics if "step" in r]
+    assert [r["step"] for r in steps] == [0, 1]
+    for r in steps:
+        for key in ("designer/valid_rate", "env/regret", "agent/return_nohint", "agent/return_hint", "loss/policy"):
+            assert key in r
+    kinds = {json.loads(line)["kind"] for line in (out / "samples.jsonl").read_text().splitlines()}
+    assert "design" in kinds
+    assert json.loads((out / "memory.json").read_text()) is not None
+    ckpt = out / "checkpoints" / "step_00001"
+    assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
+
+
+def test_env_pool_run_trains_the_agent_and_saves_envs(tmp_path, pool):
+    out = tmp_path / "run"
+    assert train.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    (step,) = [r for r in records(out) if "step" in r]
+    assert step["env/count"] == 2
+    assert step["agent/return_nohint"] is not None
+    assert step["loss/samples_agent"] > 0 and step["loss/policy"] is not None
+    assert sorted(p.suffix for p in (out / "envs" / "step_00000").iterdir()) == [".json", ".json", ".py", ".py"]
+    episodes = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "episode" and e["transcript"] for e in episodes)
+
+
+def test_resume_continues_at_the_next_step_without_duplicates(tmp_path, pool):
+    out = tmp_path / "run"
+    assert train.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    assert train.main(["train", "--resume", str(out), "--steps", "3"]) == 0
+    assert [r["step"] for r in records(out) if "step" in r] == [0, 1, 2]
+    assert sum("config" in r for r in records(out)) == 1
+    assert (out / "checkpoints" / "step_00002" / "state.json").exists()
+
+
+def test_bad_config_values_get_one_line_errors(capsys):
+    for argv in (["train", "--preset", "huge"], ["train", "--plays", "-1"], ["train", "--model", "/no/such/model"],
+                 ["train", "--skills", "Juggling"], ["train", "--designer-reward", "vibes"]):
+        assert train.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("spade-mini: error:")
+
+
+def test_cli_help_lists_config_fields():
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "train", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    for flag in ("--envs-per-step", "--no-designer-training", "--env-pool",
+                 "--designer-reward", "--resume"):
+        assert flag in out
+
+
+def test_validate_and_play_cli_on_a_file(tmp_path, capsys):
+    env = tmp_path / "echo.py"
+    env.write_text(ECHO_ENV)
+    assert train.main(["validate", str(env), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert verdict["valid"] is True and verdict["class_name"] == "EchoEnv" and isinstance(verdict["checks"], dict)
+    actions = tmp_path / "actions.txt"
+    actions.write_text("\\boxed{ab}\n")
+    assert train.main(["play", str(env), "--actions", str(actions)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result == {"return": 1.0, "turns": 1, "terminated": True}
+
+
+def test_validate_rejects_a_broken_file_with_exit_1(tmp_path, capsys):
+    env = tmp_path / "broken.py"
+    env.write_text("class BrokenEnv:\n    def reset(self\n")
+    assert train.main(["validate", str(env), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["reason"] == "syntax"
