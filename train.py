@@ -102,6 +102,10 @@ class Config:
     checkpoint_every: int = 1           # steps between checkpoints (the last step always checkpoints)
     keep_checkpoints: int = 2           # older checkpoints are deleted
     tensorboard: bool = False           # also write TensorBoard scalars (imported lazily)
+    # held-out evaluation (evaluate.py)
+    eval_every: int = 0                 # steps between held-out evaluations (0 = off; the base model is step -1)
+    eval_limit: int = 5                 # reasoning-gym items per category of one in-loop evaluation
+    eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
 
 
 PRESETS = {
@@ -138,10 +142,10 @@ def check_config(cfg: Config) -> None:
     for name in ("steps", "envs_per_step", "design_attempts", "max_turns", "designer_max_new_tokens",
                  "agent_max_new_tokens", "agent_max_episode_tokens", "token_budget", "skills_per_step",
                  "doc_words", "memory_capacity", "lora_r", "checkpoint_every", "keep_checkpoints",
-                 "env_memory_mb"):
+                 "env_memory_mb", "eval_limit"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
-    for name in ("plays", "hinted_plays", "episodes_logged", "kl_beta", "hint_max_new_tokens"):
+    for name in ("plays", "hinted_plays", "episodes_logged", "kl_beta", "hint_max_new_tokens", "eval_every"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.designer_reward not in regret.DESIGNER_REWARDS:
@@ -152,7 +156,7 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("--temperature, --lr and --call-timeout must be > 0 and --top-p in (0, 1]")
     if cfg.plays < 2:
         raise ConfigError("--plays must be >= 2: the agent advantage is a z-score within an environment's plays")
-    for path, flag in ((cfg.corpus, "--corpus"), (cfg.env_pool, "--env-pool")):
+    for path, flag in ((cfg.corpus, "--corpus"), (cfg.env_pool, "--env-pool"), (cfg.eval_pool, "--eval-pool")):
         if path and not Path(path).exists():
             raise ConfigError(f"{flag}: {path} does not exist")
     model_path = Path(os.path.expanduser(cfg.model))
@@ -164,7 +168,7 @@ def check_config(cfg: Config) -> None:
 def active_skills(cfg: Config, step: int) -> list[str]:
     """Round-robin over the (possibly restricted) skill list, k per step.
 
-    >>> active_skills(Config(skills_per_step=2), 4)
+    >>> active_skills(Config(skills_per_step=2), 2)
     ['Optimization', 'Causal Inference']
     >>> active_skills(Config(skills="0,Causal Inference"), 1)
     ['Causal Inference']
@@ -608,15 +612,15 @@ def log_samples(st: State, step: int, attempts: list[Design], played: list[Playe
     for d in attempts:
         st.run.log_sample(dict(step=step, kind="design", slot=d.slot, attempt=d.attempt, skill=d.skill,
                                doc=d.doc, text=d.text, code=d.code, verdict=d.verdict.to_json()))
-    shown = 0
     for e in played:
         st.run.log_sample(dict(step=step, kind="env", env_id=e.env_id, skill=e.skill, hint=e.hint, **e.scores))
-        for ep in e.unhinted + e.hinted:
-            if shown < st.cfg.episodes_logged:
-                shown += 1
-                st.run.log_sample(dict(step=step, kind="episode", env_id=e.env_id, hinted=ep.spec.hint is not None,
-                                       seed=ep.spec.seed, reward=ep.reward, turns=ep.turns,
-                                       terminated=ep.terminated, failure=ep.failure, transcript=ep.transcript))
+    # round-robin over environments (unhinted play i, then hinted play i), so every environment shows one first
+    order = [(e, ep) for i in range(max(st.cfg.plays, st.cfg.hinted_plays))
+             for e in played for ep in (e.unhinted[i:i + 1] + e.hinted[i:i + 1])]
+    for e, ep in order[:st.cfg.episodes_logged]:
+        st.run.log_sample(dict(step=step, kind="episode", env_id=e.env_id, hinted=ep.spec.hint is not None,
+                               seed=ep.spec.seed, reward=ep.reward, turns=ep.turns, terminated=ep.terminated,
+                               failure=ep.failure, transcript=ep.transcript))
 
 
 def print_step(record: dict) -> None:
@@ -690,8 +694,12 @@ def train(cfg: Config) -> Path:
         st.memory = envs.Memory(run.memory, cfg.memory_capacity)
         print(f"resumed {run.root} at step {start}", flush=True)
     writer = tensorboard_writer(cfg, run)
+    if cfg.eval_every and start == 0:   # the untrained base model, logged as step -1
+        run.log_metrics({"step": -1, **held_out_eval(st)})
     for step in range(start, cfg.steps):
         record = self_play_step(st, step)
+        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
+            record.update(held_out_eval(st))
         run.log_metrics(record)
         fault_point("metrics", step)
         print_step(record)
@@ -703,6 +711,16 @@ def train(cfg: Config) -> Path:
             save_checkpoint(st, step)
     print_summary(run)
     return run.root
+
+
+def held_out_eval(st: State) -> dict:
+    """eval/score, eval/<category>, eval/answered (and eval/pool_win_rate) of the current weights (evaluate.py)."""
+    import evaluate
+    cfg = st.cfg
+    return evaluate.eval_metrics(st.model, st.tok, limit=cfg.eval_limit, seed=cfg.seed,
+                                 max_new_tokens=max(128, 2 * cfg.agent_max_new_tokens), env_pool=cfg.eval_pool,
+                                 pool_plays=cfg.plays, max_turns=cfg.max_turns,
+                                 max_episode_tokens=cfg.agent_max_episode_tokens, limits=limits_of(cfg))
 
 
 def tensorboard_writer(cfg: Config, run: Run):
@@ -838,12 +856,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--actions", default="", help="file with one action per line (non-interactive)")
     p.add_argument("--max-turns", type=int, default=12, help="turn cap")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per environment call")
+    # eval and report parse their own flags (evaluate.eval_main, report.report_main): main passes them on
+    sub.add_parser("eval", add_help=False, help="held-out evaluation: reasoning-gym and an environment pool")
+    sub.add_parser("report", add_help=False, help="write RUN_DIR/report/index.html: plots and environments")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = vars(build_parser().parse_args(argv))
+    parser = build_parser()
+    parsed, rest = parser.parse_known_args(argv)
+    args = vars(parsed)
     command = args.pop("command") or "train"
+    if command == "eval":
+        import evaluate
+        return evaluate.eval_main(rest)
+    if command == "report":
+        import report
+        return report.report_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if command == "validate":
             return cmd_validate(args["file"], args["json"], args["timeout"])

@@ -1,0 +1,114 @@
+"""report.py on a run directory written by hand: the pages link every figure, the figures are real PNGs, logged
+text is escaped, and broken or empty runs still give a page."""
+import json
+from pathlib import Path
+
+import pytest
+
+import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+HOSTILE_CODE = '''class ScriptEnv:
+    """</pre><script>alert("x")</script>"""
+    def reset(self, seed=None):
+        return "go", {}
+'''
+
+
+def write_jsonl(path: Path, records: list[dict], torn_tail: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + torn_tail)
+
+
+def step_record(step: int, **over) -> dict:
+    record = {"step": step, "skills": ["Optimization"], "designer/attempts": 4, "designer/valid_rate": 0.5,
+              "designer/rejections": {"syntax": 1, "timeout": 1}, "designer/reward_mean": 0.2, "env/count": 2,
+              "env/hung": 0, "env/regret": 0.25, "agent/return_nohint": 0.25, "agent/return_hint": 0.5,
+              "agent/win_rate": 0.5, "env/diversity": 0.7, "memory/diversity": 0.6, "env/loc_mean": 40,
+              "env/hint_leak_rate": 0.0, "eval/score": 0.1 * step, "eval/arithmetic": 0.2, "loss/policy": 0.01,
+              "perf/step_s": 12.0}
+    return {**record, **over}
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    """Three steps; step 1 had no valid environment (its scores are None); metrics and samples end torn."""
+    run = tmp_path / "run"
+    (run / "envs" / "step_00000").mkdir(parents=True)
+    header = {"config": {"model": "tiny-random", "preset": "tiny", "steps": 3, "seed": 0}, "model": {}}
+    none_step = step_record(1, **{k: None for k in ("env/regret", "agent/return_nohint", "agent/return_hint",
+                                                     "designer/reward_mean", "env/diversity", "eval/score")})
+    write_jsonl(run / "metrics.jsonl", [header, step_record(0), none_step, step_record(2)], '{"step": 3, "des')
+    (run / "config.json").write_text(json.dumps(header["config"]))
+    episode = {"step": 0, "kind": "episode", "env_id": "env_00", "hinted": False, "seed": 7, "reward": 1.0,
+               "turns": 1, "terminated": True, "failure": None,
+               "transcript": [{"action": "\\boxed{<b>3</b>}", "observation": "solved", "reward": 1.0}]}
+    write_jsonl(run / "samples.jsonl", [{"step": 0, "kind": "design", "code": HOSTILE_CODE}, episode], "{torn")
+    folder = run / "envs" / "step_00000"
+    (folder / "env_00.py").write_text(HOSTILE_CODE)
+    (folder / "env_00.json").write_text(json.dumps({"skill": "Optimization", "hint": "Try <i>small</i> numbers.",
+                                                    "r_nohint": 0.25, "r_hint": 0.5, "regret": 0.25}))
+    return run
+
+
+def test_index_links_every_figure_and_each_is_a_valid_png(run_dir):
+    index = report.write_report(run_dir)
+    assert index == run_dir / "report" / "index.html"
+    page = index.read_text()
+    for file, *_ in report.FIGURES:
+        assert f'src="{file}"' in page
+        png = run_dir / "report" / file
+        data = png.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000, file
+    import matplotlib.image
+    assert matplotlib.image.imread(run_dir / "report" / "returns.png").shape[2] in (3, 4)
+
+
+def test_links_are_relative_so_the_report_is_self_contained(run_dir):
+    page = report.write_report(run_dir).read_text()
+    assert "http" not in page and str(run_dir) not in page
+    assert 'href="envs.html"' in page
+
+
+def test_generated_code_and_hints_are_escaped(run_dir):
+    report.write_report(run_dir)
+    page = (run_dir / "report" / "envs.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "</pre><script>" not in page
+    assert "Try &lt;i&gt;small&lt;/i&gt; numbers." in page
+    assert "&lt;b&gt;3&lt;/b&gt;" in page      # the episode's action, escaped too
+
+
+def test_envs_page_lists_environment_with_scores_and_its_episode(run_dir):
+    report.write_report(run_dir)
+    page = (run_dir / "report" / "envs.html").read_text()
+    assert "env_00" in page and "Optimization" in page
+    assert "r_hint" in page and "0.5" in page
+    assert "seed 7" in page and "solved" in page
+
+
+def test_torn_last_line_and_none_metrics_are_tolerated(run_dir):
+    header, records = report.load_run(run_dir)
+    assert header["config"]["model"] == "tiny-random"
+    assert [r["step"] for r in records] == [0, 1, 2]   # the torn step 3 is skipped
+    page = report.write_report(run_dir).read_text()
+    assert "<td>1</td>" in page                        # the step with None scores has a table row
+
+
+def test_per_category_eval_keys_are_plotted(run_dir):
+    records = report.load_run(run_dir)[1]
+    assert report.expand(["eval/score", "eval/*"], records) == ["eval/score", "eval/arithmetic"]
+
+
+def test_run_with_zero_steps_gets_a_clear_message_and_no_figures(tmp_path):
+    run = tmp_path / "empty"
+    run.mkdir()
+    write_jsonl(run / "metrics.jsonl", [{"config": {"model": "tiny-random"}}])
+    page = report.write_report(run).read_text()
+    assert "no completed steps" in page
+    assert not list((run / "report").glob("*.png"))
+
+
+def test_directory_that_is_not_a_run_raises(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a spade-mini run"):
+        report.write_report(tmp_path)
+    assert report.report_main([str(tmp_path)]) == 2
