@@ -341,7 +341,7 @@ class EpisodeSpec:
     code: str              # environment source
     seed: int              # explicit reset seed
     hint: str | None       # privileged hint appended to the first observation, or None
-    key: tuple = ()        # the caller's id for this play (e.g. (env_index, "hint", play_index))
+    key: tuple = ()        # the caller's id for this play; key[0] names its environment (hung ones are dropped)
 
 
 @dataclass
@@ -489,6 +489,16 @@ def _generate_turn(model, tok, eps: list[Episode], active: list[int], prev: _Bat
     return replies, _Batch(list(active), out, torch.cat([mask, grown.long()], 1), cache)
 
 
+def _drop_hung(eps: list[Episode], active: list[int]) -> list[int]:
+    """A hung environment is dropped for the rest of the step: once one play of it (same spec.key[0]) times
+    out, its other plays stop too, so one bad environment cannot cost a deadline per play per turn."""
+    hung = {ep.spec.key[0] for ep in eps if ep.failure == "timeout" and ep.spec.key}
+    for i in active:
+        if eps[i].spec.key and eps[i].spec.key[0] in hung:
+            _fail(eps[i], "dropped", "another play of this environment timed out")
+    return [i for i in active if eps[i].failure is None]
+
+
 def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens: int, max_episode_tokens: int,
          temperature: float, top_p: float, top_k: int, seed: int, limits, static_cache: bool = False,
          reuse_cache: bool = True, stats: dict | None = None) -> list[Episode]:
@@ -510,7 +520,7 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
         for i in sorted(set(range(len(specs))) - set(live)):
             _begin(eps[i], procs[i], tok)  # records the start failure
         raws = sandbox.call_many([procs[i] for i in live], "reset", [(specs[i].seed,) for i in live])
-        active = [i for i, raw in zip(live, raws) if _begin(eps[i], raw, tok)]
+        active = _drop_hung(eps, [i for i, raw in zip(live, raws) if _begin(eps[i], raw, tok)])
         timing["sandbox_s"] += time.time() - t
         for turn in range(max_turns):
             room = {i: max_episode_tokens - sum(eps[i].loss_mask) for i in active}
@@ -538,8 +548,8 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
             t = time.time()
             raws = sandbox.call_many([procs[i] for i, _, _ in stepping], "step", [(a,) for _, _, a in stepping])
             before = {i: len(eps[i].token_ids) for i, _, _ in stepping}
-            active = [i for (i, reply, action), raw in zip(stepping, raws)
-                      if _advance(eps[i], raw, reply, action, tok, frame, max_turns)]
+            active = _drop_hung(eps, [i for (i, reply, action), raw in zip(stepping, raws)
+                                      if _advance(eps[i], raw, reply, action, tok, frame, max_turns)])
             deltas = {i: eps[i].token_ids[before[i]:] for i in active}
             timing["sandbox_s"] += time.time() - t
     finally:

