@@ -46,16 +46,6 @@ METRICS = ["designer/valid_rate", "env/regret", "agent/return_nohint", "agent/re
            "env/turns_to_solve", "env/one_turn_share", "loss/policy", "eval/score"]
 
 
-def default_pool(out: Path) -> Path:
-    """The good fixture environments of the test suite, copied into OUT/pool (the fixture folder also holds
-    deliberately broken programs, which --env-pool would validate and skip one by one)."""
-    pool = out / "pool"
-    pool.mkdir(parents=True, exist_ok=True)
-    for f in sorted((ROOT / "tests" / "envs").glob("good_*.py")):
-        shutil.copyfile(f, pool / f.name)
-    return pool
-
-
 def run_variant(name: str, flags: list[str], args: argparse.Namespace, out: Path, pool: Path) -> dict:
     """One training run in a subprocess; then, optionally, the held-out eval of its last checkpoint."""
     run_dir = out / name
@@ -124,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2, help="self-play steps per variant")
     p.add_argument("--seed", type=int, default=0, help="the same seed for every variant")
     p.add_argument("--out", default="runs/ablations", help="folder for the run directories and the tables")
-    p.add_argument("--env-pool", default="", help="folder for the env_pool variant (default: good test fixtures)")
+    p.add_argument("--env-pool", default="", help="folder for the env_pool variant (default: examples/)")
     p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(VARIANTS))
     p.add_argument("--train-args", default="", help="extra flags for every train run, e.g. '--plays 2'")
     p.add_argument("--eval-limit", type=int, default=0, help="held-out eval items per category after each run")
@@ -135,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     out = Path(args.out).resolve()  # note: the runs execute with the repository as working directory
     out.mkdir(parents=True, exist_ok=True)
-    pool = Path(args.env_pool).resolve() if args.env_pool else default_pool(out)
+    pool = Path(args.env_pool).resolve() if args.env_pool else ROOT / "examples"
     rows = [summarize(run_variant(n, VARIANTS[n], args, out, pool), out / n) for n in names]
     if args.eval_limit > 0:  # the reference the paper compares against: the model before any self-play
         t0 = time.time()

@@ -36,4 +36,4 @@ class CupsEnv:
         return self._show(f"Cup {cup} is empty."), 0.0, False, truncated, {}
 
     def solution(self):
-        return [f"\\boxed{{{self.ball}}}"]
+        return f"\\boxed{{{self.ball}}}"

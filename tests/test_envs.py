@@ -1,7 +1,7 @@
 """envs.py: validation in the sandbox, the agent's side, prompts, memory, corpus and crash-safe files.
 
-The fixture environments live in tests/envs/: good_*.py are well-formed games with a solution(), bad_*.py
-each break one rule (the reason is in their docstring and in BAD below).
+The well-formed environments are the project's examples/*.py (games with a solution()); the fixtures in
+tests/envs/bad_*.py each break one rule (the reason is in their docstring and in BAD below).
 """
 import json
 import random
@@ -14,7 +14,8 @@ import envs
 from sandbox import Limits
 
 ENV_DIR = Path(__file__).parent / "envs"
-GOOD = sorted(p.name for p in ENV_DIR.glob("good_*.py"))
+EXAMPLES = Path(__file__).parent.parent / "examples"
+GOOD = sorted(p.name for p in EXAMPLES.glob("*.py"))
 BAD = {
     "bad_syntax.py": "syntax",
     "bad_no_env_class.py": "no_env_class",
@@ -39,7 +40,7 @@ LIMITS = Limits(call_timeout=2.0)
 
 
 def source(name: str) -> str:
-    return (ENV_DIR / name).read_text()
+    return (EXAMPLES / name if name in GOOD else ENV_DIR / name).read_text()
 
 
 def solution_actions(code: str, seed: int) -> list[str]:
@@ -105,7 +106,7 @@ def test_validate_bad_input_is_a_verdict_not_a_crash(code, reason):
 
 
 def test_validate_accepts_utf8_bytes():
-    assert envs.validate(source("good_guess.py").encode(), LIMITS).valid
+    assert envs.validate(source("guess.py").encode(), LIMITS).valid
 
 
 def test_verdict_to_json_has_the_cli_fields():
@@ -195,12 +196,12 @@ def test_play_scripted_solution_wins(name, seed):
 
 
 def test_play_scripted_wrong_answers_return_zero():
-    result = envs.play_scripted(source("good_guess.py"), ["\\boxed{-5}"] * 3, seed=0, max_turns=12, limits=LIMITS)
+    result = envs.play_scripted(source("guess.py"), ["\\boxed{-5}"] * 3, seed=0, max_turns=12, limits=LIMITS)
     assert result == {**result, "return": 0.0, "turns": 3, "terminated": False}
 
 
 def test_play_scripted_stops_at_max_turns():
-    result = envs.play_scripted(source("good_guess.py"), ["\\boxed{-5}"] * 20, seed=0, max_turns=4, limits=LIMITS)
+    result = envs.play_scripted(source("guess.py"), ["\\boxed{-5}"] * 20, seed=0, max_turns=4, limits=LIMITS)
     assert result["turns"] == 4
 
 

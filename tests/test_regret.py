@@ -7,12 +7,12 @@ import pytest
 
 import regret
 
-ENV_DIR = Path(__file__).parent / "envs"
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 @pytest.fixture
 def fixture_codes() -> list[str]:
-    return [p.read_text() for p in sorted(ENV_DIR.glob("good_*.py"))]
+    return [p.read_text() for p in sorted(EXAMPLES.glob("*.py"))]
 
 
 def test_hint_regret_is_unfloored():

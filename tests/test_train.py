@@ -163,7 +163,7 @@ def test_one_step_with_the_real_smollm2_model(tmp_path):
     assert step["designer/attempts"] == 2 and step["designer/valid_rate"] is not None
     pool = tmp_path / "pool"
     pool.mkdir()
-    (pool / "good_guess.py").write_text((ROOT / "tests" / "envs" / "good_guess.py").read_text())
+    (pool / "guess.py").write_text((ROOT / "examples" / "guess.py").read_text())
     assert train.main(["train", *small, "--out", str(tmp_path / "play"), "--env-pool", str(pool)]) == 0
     (step,) = [r for r in records(tmp_path / "play") if "step" in r]
     assert step["env/count"] == 2 and step["agent/return_nohint"] is not None
