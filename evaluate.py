@@ -222,13 +222,10 @@ def load_for_eval(name: str, adapter: Path | None, kwargs: dict, merge: bool = T
     merge: fold the LoRA into the weights (generation ~1.8x faster on CPU); not for 4-bit weights (lossy)."""
     model, tok, info = spade_mini.load_model(name, **kwargs)
     if adapter is not None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        loaded = set_peft_model_state_dict(model, load_file(adapter / "adapter_model.safetensors"))
-        if loaded.unexpected_keys:  # subtle: a silently ignored adapter would evaluate the base model
-            raise EvalError(f"{adapter} does not fit {name}: {len(loaded.unexpected_keys)} unexpected keys, "
-                            f"e.g. {loaded.unexpected_keys[0]}")
+        try:
+            spade_mini.load_adapter(model, adapter)
+        except ValueError as err:  # subtle: a silently ignored adapter would evaluate the base model
+            raise EvalError(f"{err} ({name})") from err
     if merge and not info.get("quantized"):
         model = model.merge_and_unload()
     return model, tok

@@ -16,7 +16,7 @@ How to read the figures (the same captions appear under each one):
   (a small model's first gain is often the format), and the held-out pool's win rate (with --eval-every).
 * environment statistics: any other `env/...` metric (lines of code, leakage, one-turn solves), one panel each.
 
-Standard library and matplotlib (Agg backend, no display) only, so a report renders on any machine.
+Standard library, matplotlib (Agg backend, no display) and envs.py (no torch), so a report renders on any machine.
 """
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ import matplotlib
 matplotlib.use("Agg")  # note: before pyplot is imported; a headless server has no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+import envs  # noqa: E402  (read_jsonl: the crash-tolerant reader every run file is written for)
 
 # (file, title, y label, metric keys, y range always shown or None, caption). Keys missing from the run are
 # skipped; a figure with no data is still drawn, with a note, so the page layout is the same for every run. The
@@ -66,25 +68,10 @@ TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/retur
 # -----------------------------------------------------------------------------------------------------------
 # reading the run
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Every JSON object line of a file; a torn line (a crash mid-append) or a non-object is skipped."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
 def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """(header, step records sorted by step). The header is the first line holding "config"; a step logged
     twice (a resume) keeps its last record."""
-    lines = read_jsonl(run_dir / "metrics.jsonl")
+    lines = envs.read_jsonl(run_dir / "metrics.jsonl")
     header = next((r for r in lines if "config" in r), {})
     if not header and (run_dir / "config.json").exists():
         header = {"config": json.loads((run_dir / "config.json").read_text())}
@@ -288,7 +275,7 @@ def env_section(step: int, py: Path, episode: dict | None) -> str:
 def envs_page(run_dir: Path) -> str:
     """Every envs/step_NNNNN/*.py with its .json scores and the first logged episode of (step, env_id)."""
     episodes: dict[tuple, dict] = {}
-    for r in read_jsonl(run_dir / "samples.jsonl"):
+    for r in envs.read_jsonl(run_dir / "samples.jsonl"):
         if r.get("kind") == "episode":
             episodes.setdefault((r.get("step"), r.get("env_id")), r)
     sections, toc = [], []

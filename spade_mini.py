@@ -184,6 +184,21 @@ def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradie
     return model
 
 
+def load_adapter(model, adapter_dir: str | Path) -> None:
+    """Load a saved LoRA adapter (peft format) into the model's adapter, in place.
+
+    subtle: peft skips keys it does not know without a word; an adapter of another model or rank would leave
+    the base model silently in place, so unexpected keys are an error here.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    loaded = set_peft_model_state_dict(model, load_file(Path(adapter_dir) / "adapter_model.safetensors"))
+    if loaded.unexpected_keys:
+        raise ValueError(f"{adapter_dir} does not fit this model: {len(loaded.unexpected_keys)} unexpected keys, "
+                         f"e.g. {loaded.unexpected_keys[0]}")
+
+
 def _checkpointed_layers(model) -> list[torch.nn.Module]:
     from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
 

@@ -233,11 +233,16 @@ def open_run(cfg: Config) -> tuple[Config, Run, int]:
         root = Path(cfg.resume)
         if not (root / "config.json").exists():
             raise ConfigError(f"--resume: {root} has no config.json (not a spade-mini run directory)")
-        saved = json.loads((root / "config.json").read_text())
-        cfg = Config(**{**saved, "steps": cfg.steps, "resume": str(root), "out": str(root)})
         run = Run(root)
         ckpt = run.latest_checkpoint()
-        start = json.loads((ckpt / "state.json").read_text())["step"] + 1 if ckpt else 0
+        try:
+            saved = json.loads((root / "config.json").read_text())
+            cfg = Config(**{**saved, "steps": cfg.steps, "resume": str(root), "out": str(root)})
+            start = json.loads((ckpt / "state.json").read_text())["step"] + 1 if ckpt else 0
+        except (ValueError, TypeError, KeyError) as err:   # corrupt JSON, or a config of another version
+            raise ConfigError(f"--resume: {root} has an unreadable config.json or checkpoint ({err})") from err
+        if ckpt is None:
+            run.memory.unlink(missing_ok=True)  # the memory of a step that never reached a checkpoint
         run.rewind(start)
         return cfg, run, start
     root = Path(cfg.out or time.strftime("runs/%Y%m%d-%H%M%S"))
@@ -681,10 +686,9 @@ def save_checkpoint(st: State, step: int) -> None:
 
 def load_checkpoint(st: State, ckpt: Path) -> None:
     import torch
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    import spade_mini
     try:
-        set_peft_model_state_dict(st.model, load_file(ckpt / "adapter_model.safetensors"))
+        spade_mini.load_adapter(st.model, ckpt)
         st.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
         st.mu_slow = json.loads((ckpt / "state.json").read_text())["mu_slow"]
     except Exception as err:            # a truncated or foreign file: say which checkpoint, not a traceback

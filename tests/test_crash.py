@@ -58,3 +58,12 @@ def test_resume_from_a_corrupted_checkpoint_is_a_one_line_error(tmp_path, capsys
     assert train.main(["train", "--resume", str(out), "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unreadable" in err[0]
+
+
+def test_resume_with_a_corrupted_config_is_a_one_line_error(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"model": "tiny-random", "steps": ')
+    assert train.main(["train", "--resume", str(out), "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unreadable config.json" in err[0]
