@@ -169,3 +169,14 @@ def test_one_step_with_the_real_smollm2_model(tmp_path):
     assert step["env/count"] == 2 and step["agent/return_nohint"] is not None
     episodes = [json.loads(line) for line in (tmp_path / "play" / "samples.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "episode" and len(e["transcript"]) > 1 for e in episodes)
+
+
+def test_eval_every_logs_held_out_scores_for_the_base_and_each_step(tmp_path, pool):
+    out = tmp_path / "run"
+    argv = ["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool), "--eval-every", "1",
+            "--eval-limit", "1", "--eval-pool", str(pool)]
+    assert train.main(argv) == 0
+    scored = {r["step"]: r for r in records(out) if "eval/score" in r}
+    assert sorted(scored) == [-1, 0]                 # the untrained base, then after step 0
+    for r in scored.values():
+        assert 0.0 <= r["eval/score"] <= 1.0 and "eval/pool_win_rate" in r
