@@ -77,7 +77,7 @@ class Config:
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential
-    timeout_penalty: float = -0.5       # designer reward of an environment whose play hangs
+    timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
     invalid_penalty: float = 0.0        # opt-in designer reward for invalid programs (0 = no sample, the paper)
     # ablations
     no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)

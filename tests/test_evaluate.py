@@ -1,7 +1,6 @@
 """evaluate.py: the item set, answer extraction and scoring by hand, then end to end with a tiny random model."""
 import json
 import os
-from pathlib import Path
 
 import pytest
 
