@@ -6,7 +6,8 @@ the sandbox), turns the agent's replies into actions and episodes into returns, 
 model reads (prompts/*.txt, plain text), and keeps the run's data on disk: the environment memory, the
 grounding corpus and crash-safe JSON files.
 
-The contract (duck-typed; SPADE_METHOD.md): a class whose name ends in `Env`, `__init__(max_turns=12)`,
+The contract (duck-typed; SPADE_METHOD.md): a class whose name ends in `Env`, `__init__(max_turns=12)` (built
+with its own defaults; the runner then caps max_turns, never raises it),
 `reset(seed) -> (obs, info)` (bare str tolerated), `step(action) -> (obs, reward, terminated, truncated,
 info)` with real bools, optional `solution()`. The same seed must give the same episode.
 """
@@ -29,13 +30,13 @@ SKILLS = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
           "Pattern Recognition", "Optimization", "Causal Inference")
 PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}")
 CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "step_types", "reward_range",
-          "reset_123", "deterministic")
+          "not_trivial", "reset_123", "deterministic", "solvable")
 REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
-           "step_error", "bad_step_type", "reward_range", "nondeterministic", "timeout", "memory", "forbidden",
-           "crash", "not_serializable", "protocol")
+           "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable", "timeout",
+           "memory", "forbidden", "crash", "not_serializable", "protocol")
+WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
 MAX_CODE_BYTES = 256_000   # the paper's environments are 300-380 lines (~15 kB); megabytes are rejected unread
 REWARD_BOUND = 10.0        # validation: |reward| <= 10 and finite
-DOC_WORDS = 6000           # corpus documents are truncated to this many words
 MEMORY_CODE_CHARS = 2000   # code of a memory example shown in the designer prompt
 PROMPTS = Path(__file__).parent / "prompts"
 
@@ -72,12 +73,19 @@ class Verdict:
     valid: bool
     reason: str                  # "ok" when valid, else one of REASONS
     class_name: str | None
-    checks: dict[str, bool] = field(default_factory=dict)   # every name in CHECKS; not reached = False
-    detail: str = ""
+    checks: dict[str, bool | None] = field(default_factory=dict)  # every name in CHECKS; not reached = False,
+    detail: str = ""                                              # skipped = None (solvable without solution())
+    max_turns: int | None = None  # the instance's own max_turns after the runner's cap
 
     def to_json(self) -> dict:
-        out = {"valid": self.valid, "reason": self.reason, "class_name": self.class_name, "checks": self.checks}
+        out = {"valid": self.valid, "reason": self.reason, "class_name": self.class_name, "checks": self.checks,
+               "max_turns": self.max_turns}
         return out | ({"detail": self.detail} if self.detail else {})
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Verdict":
+        return cls(d["valid"], d["reason"], d.get("class_name"), d.get("checks", {}), d.get("detail", ""),
+                   d.get("max_turns"))
 
 
 def extract_code(text: str | bytes) -> str | None:
@@ -166,32 +174,78 @@ def _step(env: EnvProcess, action: str) -> tuple[str, float, bool, bool]:
 
 
 def _trace(env: EnvProcess, checks: dict[str, bool]) -> list[tuple]:
-    """reset(42), then the probe actions: the episode that has to replay identically."""
+    """reset(42), then the probe actions: the episode that has to replay identically. A game that the first
+    probe already wins is `trivial`."""
     trace: list[tuple] = [(_reset(env, 42),)]
     checks["reset_42"] = True
     for action in PROBE_ACTIONS:
         trace.append(_step(env, action))
+        if len(trace) == 2 and trace[1][2] and trace[1][1] >= WIN_REWARD:
+            raise Rejected("trivial", f"the first probe action {action!r} already wins (reward {trace[1][1]})")
         if trace[-1][2] or trace[-1][3]:
-            # subtle: a probe can win (a secret number 42); start over rather than step a finished episode
+            # subtle: a later probe can win (a secret number 42); start over rather than step a finished episode
             trace.append((_reset(env, 42),))
-    checks["step_types"] = checks["reward_range"] = True
+    checks["step_types"] = checks["reward_range"] = checks["not_trivial"] = True
     return trace
+
+
+def solution_actions(raw) -> list[str] | None:
+    """The actions of a solution() result: a list gives one action per item (each a string), a string one
+    per \\boxed{} in it, in order. None when it is no action sequence: a goal description without any
+    \\boxed{} (the official contract allows one), or anything else (a list of ints, a dict, ...).
+
+    >>> solution_actions(r"\\boxed{up} \\boxed{left}"), solution_actions("reach the goal"), solution_actions([1, 2])
+    (['\\\\boxed{up}', '\\\\boxed{left}'], None, None)
+    """
+    if isinstance(raw, str):
+        return all_boxed(raw) or None
+    if isinstance(raw, list) and raw and all(isinstance(a, str) for a in raw):
+        return list(raw)
+    return None
+
+
+def _solvable(code: str, max_turns: int, limits: Limits) -> bool | None:
+    """Replay solution() in a fresh instance after reset(42) and after reset(123): it must reach
+    terminated=True with reward >= 0.999 within max_turns. None (skipped) without a usable solution()."""
+    with open_env(code, max_turns, limits) as env:
+        turns = env.max_turns or max_turns
+        for seed in (42, 123):
+            _reset(env, seed)
+            try:
+                actions = solution_actions(env.call("solution"))
+            except SandboxError as err:
+                if err.reason == "error" and err.detail.startswith("AttributeError") and "solution" in err.detail:
+                    return None         # no solution() at all
+                raise Rejected("unsolvable" if err.reason == "error" else err.reason,
+                               f"solution() after reset({seed}): {err.detail}") from None
+            if actions is None:
+                return None             # a goal description, or not an action list: nothing to replay
+            won = False
+            for action in actions[:turns]:
+                _, reward, terminated, truncated = _step(env, action)
+                won = terminated and reward >= WIN_REWARD
+                if terminated or truncated:
+                    break
+            if not won:
+                raise Rejected("unsolvable", f"solution() after reset({seed}) does not win within {turns} turns")
+    return True
 
 
 def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int = 12) -> Verdict:
     """Run SPADE's validation checks on a program, all of them inside the sandbox; never raises on bad code.
 
-    Order: size/encoding (read, never run) -> compiles -> *Env class -> instantiates(max_turns) ->
-    reset(42) -> 3 probe steps (types, reward range) -> reset(123) -> the reset(42)+probes episode replayed
-    in the same instance (state kept across resets) and in a fresh process (clock, id(), global random).
+    Order: size/encoding (read, never run) -> compiles -> *Env class -> instantiates (its own defaults, then
+    max_turns capped) -> reset(42) -> 3 probe steps (types, reward range; the first must not win) ->
+    reset(123) -> the reset(42)+probes episode replayed in the same instance (state kept across resets) and
+    in a fresh process (clock, id(), global random) -> solution() replayed after reset(42) and reset(123).
     """
-    checks = dict.fromkeys(CHECKS, False)
-    class_name = None
+    checks: dict[str, bool | None] = dict.fromkeys(CHECKS, False)
+    class_name = turns = None
     try:
         code = _readable(code)
         checks["size"] = True
         with _open_checked(code, max_turns, limits, checks) as env:
-            class_name = env.class_name
+            class_name, turns = env.class_name, env.max_turns
             first = _trace(env, checks)
             _reset(env, 123)
             checks["reset_123"] = True
@@ -202,9 +256,10 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
             if other != first:
                 raise Rejected("nondeterministic", f"reset(42) + probes differ {where}: {_difference(first, other)}")
         checks["deterministic"] = True
+        checks["solvable"] = _solvable(code, max_turns, limits)
     except Rejected as err:
-        return Verdict(False, err.reason, class_name, checks, err.detail[:500])
-    return Verdict(True, "ok", class_name, checks)
+        return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns)
+    return Verdict(True, "ok", class_name, checks, max_turns=turns)
 
 
 def _difference(a: list[tuple], b: list[tuple]) -> str:
@@ -241,8 +296,20 @@ def _open_checked(code: str, max_turns: int, limits: Limits, checks: dict[str, b
 
 
 def open_env(code: str, max_turns: int, limits: Limits = Limits()) -> EnvProcess:
-    """One sandboxed instance of the environment, constructed with max_turns (a context manager)."""
-    return EnvProcess(code, {"max_turns": max_turns}, limits)
+    """One sandboxed instance of the environment (a context manager), constructed with its own defaults, its
+    max_turns then capped: env.max_turns = min(its own, max_turns), max_turns if it declares none."""
+    return EnvProcess(code, {}, limits, max_turns=max_turns)
+
+
+def after_thinking(text: str) -> str:
+    """The part of a reply that counts: after the last </think>; nothing while a <think> is still open.
+
+    >>> after_thinking("<think>maybe 1</think> 2"), after_thinking("<think>cut off"), after_thinking("7")
+    (' 2', '', '7')
+    """
+    if "</think>" in text:
+        return text.rsplit("</think>", 1)[1]
+    return "" if "<think>" in text else text
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -317,7 +384,7 @@ def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
     try:
         with open_env(code, max_turns, limits) as env:
             transcript.append({"turn": 0, "observation": parse_reset(env.call("reset", seed))})
-            for turns, text in enumerate(actions[:max_turns], start=1):
+            for turns, text in enumerate(actions[:env.max_turns or max_turns], start=1):
                 action = to_action(text)
                 obs, last_reward, terminated, truncated = parse_step(env.call("step", action))
                 transcript.append({"turn": turns, "action": action, "observation": obs, "reward": last_reward,
@@ -365,16 +432,16 @@ def skill_ideas() -> dict[str, str]:
     return {name.strip(): ideas.strip() for name, ideas in lines}
 
 
-def designer_prompt(skill: str, document: str | None, positives: list[dict], negative: dict | None,
-                    max_words: int = DOC_WORDS) -> str:
-    """The Environment Designer's prompt: a corpus document (or, None, the cold-start prompt with skill
-    ideas), the contract, a short example environment, and the memory examples."""
+def designer_prompt(skill: str, document: str | None, positives: list[dict], negative: dict | None) -> str:
+    """The Environment Designer's prompt: a corpus document as given (the caller cuts it, once, to
+    --doc-words), or, None, the cold-start prompt with skill ideas; the contract, a short example environment,
+    and the memory examples."""
     fields = dict(skill=skill, contract=_template("contract.txt"), example=_template("example_env.txt"),
                   memory=_memory_block(positives, negative))
     if document is None:
         return _fill("designer_nocorpus.txt", ideas=skill_ideas().get(skill, "any game that needs " + skill),
                      **fields)
-    return _fill("designer.txt", document=truncate_words(document, max_words), **fields)
+    return _fill("designer.txt", document=document, **fields)
 
 
 def _memory_block(positives: list[dict], negative: dict | None) -> str:
@@ -455,7 +522,8 @@ class Memory:
 
     def positives(self, skill: str, rng: random.Random, k: int = 2) -> list[dict]:
         """k drawn from the top 10 by regret among same-skill records with 0.15 <= win rate <= 0.85."""
-        pool = [r for r in self.records if r["skill"] == skill and 0.15 <= r["win_rate"] <= 0.85]
+        pool = [r for r in self.records if r["skill"] == skill and 0.15 <= r["win_rate"] <= 0.85
+                and not r.get("hung")]
         top = sorted(pool, key=lambda r: -r["regret"])[:10]
         return rng.sample(top, min(k, len(top)))
 
@@ -472,8 +540,8 @@ class CorpusError(ValueError):
     """The corpus cannot be used (missing file, nothing usable in it)."""
 
 
-def load_corpus(path: str | Path | None, max_words: int = DOC_WORDS, min_words: int = 150) -> list[str]:
-    """Documents for the designer to read, each cut to max_words words.
+def load_corpus(path: str | Path | None, min_words: int = 150) -> list[str]:
+    """Documents for the designer to read, whole (the designer's phase cuts each to --doc-words, once).
 
     None -> real human-written documentation that ships with every machine that has torch: Python's
     `pydoc_data.topics` (the language reference) and sympy's docstrings (sympy comes with torch), those of
@@ -483,7 +551,7 @@ def load_corpus(path: str | Path | None, max_words: int = DOC_WORDS, min_words: 
     docs = _bundled_docs(min_words) if path is None else _jsonl_docs(Path(path))
     if not docs:
         raise CorpusError(f"no usable documents in {path or 'the bundled corpus'}")
-    return [truncate_words(d, max_words) for d in docs]
+    return docs
 
 
 def _bundled_docs(min_words: int) -> list[str]:

@@ -84,8 +84,8 @@ def designer_reward(variant: str, r_hint: float, r_nohint: float, w: float,
     raise ValueError(f"unknown designer reward variant {variant!r}; choose one of {', '.join(DESIGNER_REWARDS)}")
 
 
-def update_slow_mean(mu: float | None, r: float, gamma: float = GAMMA_SLOW) -> float:
-    """mu <- (1 - gamma) * mu + gamma * r; the first observation (mu None) starts the mean.
+def update_slow_mean(mu: float | None, pooled: float, gamma: float = GAMMA_SLOW) -> float:
+    """mu <- (1 - gamma) * mu + gamma * pooled (gamma weighs the NEW value); no history (None) -> pooled.
 
     Worked example: (1 - 0.85) * 0.2 + 0.85 * 0.6 = 0.03 + 0.51 = 0.54.
 
@@ -93,44 +93,87 @@ def update_slow_mean(mu: float | None, r: float, gamma: float = GAMMA_SLOW) -> f
     (0.54, 0.3)
     """
     if mu is None:
-        return float(r)
-    return (1.0 - gamma) * float(mu) + gamma * float(r)
+        return float(pooled)
+    return (1.0 - gamma) * float(mu) + gamma * float(pooled)
+
+
+def update_slow_means(mu_slow: dict, skills: list[str], window_returns: list[list[float]],
+                      hung: list[bool]) -> dict:
+    """learning_potential's slow means after one window: per skill, FIRST pool every unhinted return of that
+    skill's non-hung environments, then update its mean once. Order-independent by construction.
+
+    subtle: updating environment by environment (and scoring each against the mean before it) makes the
+    second environment of a skill always win; pooling first gives both the same reference.
+    Worked example, prior {A: 0.3}, environments of A with returns [0, 1] and [1, 1], one of B with [0, 0]:
+    pooled(A) = 3/4 = 0.75, so mu(A) = 0.15 * 0.3 + 0.85 * 0.75 = 0.6825; B has no prior: mu(B) = 0.
+
+    >>> out = update_slow_means({"A": 0.3}, ["A", "A", "B"], [[0, 1], [1, 1], [0, 0]], [False] * 3)
+    >>> {k: round(v, 6) for k, v in out.items()}
+    {'A': 0.6825, 'B': 0.0}
+    """
+    pooled: dict[str, list[float]] = {}
+    for skill, returns, is_hung in zip(skills, window_returns, hung):
+        if not is_hung:
+            pooled.setdefault(skill, []).extend(float(r) for r in returns)
+    out = dict(mu_slow)
+    for skill, returns in pooled.items():
+        if returns:
+            out[skill] = update_slow_mean(out.get(skill), sum(returns) / len(returns))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
 # advantages ("per-role normalization")
 
-def agent_advantages(rewards: list[float]) -> list[float]:
-    """z-score within one environment's unhinted plays: (r - mean) / (std + 1e-8), population std.
+def agent_advantages(returns: list[float], trained: list[bool] | None = None) -> list[float]:
+    """z-score over one environment's trained unhinted plays of one step: (r - mean) / (std + 1e-8),
+    population std. Untrained plays (they produced no tokens) and ties get 0 and do not enter the mean.
 
-    Worked example, rewards [0, 1]: mean 0.5, std 0.5, so (0 - 0.5) / 0.5 = -1 and +1 (up to the eps).
-    All-equal rewards give all zeros (no gradient: see zero_variance_fraction).
+    Worked example, returns [0, 1]: mean 0.5, std 0.5, so (0 - 0.5) / 0.5 = -1 and +1 (up to the eps).
+    With a failed start, [-1, 0, 0, 0] and trained [F, T, T, T]: the three trained plays tie, so all 0
+    (keeping the -1 in the group would give +0.577 to three identical outcomes).
 
     >>> [round(a, 6) for a in agent_advantages([0.0, 1.0])], agent_advantages([1.0, 1.0])
     ([-1.0, 1.0], [0.0, 0.0])
+    >>> agent_advantages([-1.0, 0.0, 0.0, 0.0], [False, True, True, True])
+    [0.0, 0.0, 0.0, 0.0]
     """
-    if not rewards:
-        return []
-    x = np.asarray(rewards, dtype=np.float64)
-    return ((x - x.mean()) / (x.std() + EPS)).tolist()
+    trained = [True] * len(returns) if trained is None else list(trained)
+    if len(trained) != len(returns):
+        raise ValueError(f"{len(returns)} returns but {len(trained)} trained flags")
+    group = [float(r) for r, t in zip(returns, trained) if t]
+    if len(group) < 2 or max(group) - min(group) <= 1e-12:
+        return [0.0] * len(returns)   # ties carry no gradient (see zero_variance_fraction)
+    x = np.asarray(group, dtype=np.float64)
+    mu, sd = x.mean(), x.std()
+    return [float((r - mu) / (sd + EPS)) if t else 0.0 for r, t in zip(returns, trained)]
 
 
-def designer_advantages(rewards: list[float], skills: list[str], n_agent_samples: int) -> list[float]:
-    """Per-skill centering, (x - mean over the same skill) * S, S = min(n_RA / n_ED, 50); no std division.
+def designer_scale(n_agent_plays: int, window: int, n_envs: int) -> float:
+    """S = min(n_RA * window / n_ED, 50): n_RA = unhinted plays of the window's FIRST step over all its
+    environments, n_ED = its environments. The paper's games run: min(192 * 4 / 24, 50) = 32.
 
-    S puts the few designer samples on the scale of the many agent samples they share a batch with; the
-    std is left out because a skill often has only one or two environments in a step.
-    Worked example, rewards [0.2, 0.6, 0.5], skills [A, A, B], 12 agent samples: S = min(12 / 3, 50) = 4;
-    skill A's mean is 0.4, so (0.2 - 0.4) * 4 = -0.8 and (0.6 - 0.4) * 4 = 0.8; B is alone, so 0.
+    S puts the few designer samples on the scale of the many agent samples trained over the window; it
+    counts plays, not trained samples, so flat groups do not shrink it.
 
-    >>> [round(a, 6) for a in designer_advantages([0.2, 0.6, 0.5], ["A", "A", "B"], 12)]
+    >>> designer_scale(192, 4, 24), designer_scale(16, 1, 4), designer_scale(400, 1, 2)
+    (32.0, 4.0, 50.0)
+    """
+    return min(n_agent_plays * window / max(n_envs, 1), MAX_SCALE)
+
+
+def designer_advantages(rewards: list[float], skills: list[str], scale: float) -> list[float]:
+    """Per-skill centering, (x - mean over the same skill) * S; no std division (small groups).
+
+    The std is left out because a skill often has only one or two environments in a window.
+    Worked example, rewards [0.2, 0.6, 0.5], skills [A, A, B], S = 4: skill A's mean is 0.4, so
+    (0.2 - 0.4) * 4 = -0.8 and (0.6 - 0.4) * 4 = 0.8; B is alone, so 0.
+
+    >>> [round(a, 6) for a in designer_advantages([0.2, 0.6, 0.5], ["A", "A", "B"], 4.0)]
     [-0.8, 0.8, 0.0]
     """
     if len(rewards) != len(skills):
         raise ValueError(f"{len(rewards)} rewards but {len(skills)} skills")
-    if not rewards:
-        return []
-    scale = min(n_agent_samples / len(rewards), MAX_SCALE)
     by_skill: dict[str, list[float]] = {}
     for r, s in zip(rewards, skills):
         by_skill.setdefault(s, []).append(float(r))
@@ -148,6 +191,66 @@ def zero_variance_fraction(groups: list[list[float]]) -> float:
         return 0.0
     flat = sum(1 for g in groups if len(g) == 0 or max(g) - min(g) <= 1e-12)
     return flat / len(groups)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one window of outcomes -> every reward and advantage (the loop and `spade-mini score` both call this)
+
+def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
+                 hang_penalty: float = HANG_PENALTY) -> dict:
+    """Score one regeneration window. envs: one dict per environment, {skill, hung, hinted: [returns],
+    unhinted: [[returns of step 0], [step 1], ...], trained: same shape of bools (optional, all True)}.
+
+    * r_nohint = mean of the FIRST step's unhinted returns ("matched timing"); r_hint = mean of the hinted
+      returns (= r_nohint without any); regret = r_hint - r_nohint, unfloored.
+    * w = mean of every unhinted return of the window; win_rate = the share of them > 0.
+    * mu_slow: update_slow_means (every variant); learning_potential reads the UPDATED mean.
+    * designer_reward: hang_penalty if hung, else designer_reward(variant, ...).
+    * designer_advantage = designer_advantages(..., S = designer_scale(n_RA, window, n_ED)).
+    * agent_advantages[k] = agent_advantages(step k); hung environments get 0 everywhere.
+
+    Worked example (README "Checking another implementation"): one Optimization environment, prior 0.3,
+    hinted [1, 1, 0, 1], one step unhinted [0, 1, 0, 0] with the last play untrained: r_hint 0.75, r_nohint
+    0.25, regret 0.5, w 0.25; mu = 0.15 * 0.3 + 0.85 * 0.25 = 0.2575; S = min(4 * 1 / 1, 50) = 4; the
+    trained plays [0, 1, 0] have mean 1/3 and std 0.4714, so -0.7071, 1.4142, -0.7071, and 0.
+
+    >>> out = score_window("regret", [{"skill": "Optimization", "hung": False, "hinted": [1, 1, 0, 1],
+    ...     "unhinted": [[0, 1, 0, 0]], "trained": [[True, True, True, False]]}], {"Optimization": 0.3}, 1)
+    >>> e = out["envs"][0]
+    >>> e["r_hint"], e["r_nohint"], e["regret"], e["w"], e["designer_reward"], e["designer_advantage"]
+    (0.75, 0.25, 0.5, 0.25, 0.5, 0.0)
+    >>> [round(a, 4) for a in e["agent_advantages"][0]], round(out["mu_slow"]["Optimization"], 6), out["scale"]
+    ([-0.7071, 1.4142, -0.7071, 0.0], 0.2575, 4.0)
+    """
+    if variant not in DESIGNER_REWARDS:
+        raise ValueError(f"unknown designer reward variant {variant!r}; choose one of {', '.join(DESIGNER_REWARDS)}")
+    skills = [e["skill"] for e in envs]
+    hung = [bool(e.get("hung", False)) for e in envs]
+    window_returns = [[float(r) for step in e["unhinted"] for r in step] for e in envs]
+    mu_new = update_slow_means(mu_slow, skills, window_returns, hung)
+    rows = []
+    for e, is_hung, returns in zip(envs, hung, window_returns):
+        first = [float(r) for r in (e["unhinted"][0] if e["unhinted"] else [])]
+        r_nohint = _mean(first)
+        r_hint = _mean(e["hinted"]) if e.get("hinted") else r_nohint
+        w = _mean(returns)
+        reward = hang_penalty if is_hung else designer_reward(variant, r_hint, r_nohint, w, mu_new.get(e["skill"]))
+        trained = e.get("trained") or [[True] * len(step) for step in e["unhinted"]]
+        agent = [[0.0] * len(step) if is_hung else agent_advantages(step, t)
+                 for step, t in zip(e["unhinted"], trained)]
+        rows.append(dict(r_hint=r_hint, r_nohint=r_nohint, regret=hint_regret(r_hint, r_nohint), w=w,
+                         win_rate=_mean([float(r > 0) for r in returns]), designer_reward=float(reward),
+                         agent_advantages=agent))
+    n_first = sum(len(e["unhinted"][0]) if e["unhinted"] else 0 for e in envs)
+    scale = designer_scale(n_first, window, len(envs))
+    for row, adv in zip(rows, designer_advantages([r["designer_reward"] for r in rows], skills, scale)):
+        row["designer_advantage"] = adv
+    return {"envs": rows, "mu_slow": mu_new, "scale": scale}
+
+
+def _mean(xs) -> float:
+    xs = [float(x) for x in xs]
+    return sum(xs) / len(xs) if xs else 0.0
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -230,7 +230,7 @@ def _child_serve(req_fd: int, rep_fd: int, refused, max_bytes: int) -> None:
         nonce, body, buf = frame
         request = loads(body)
         if env is None:
-            reply, env = load(request["code"], request["kwargs"], refused)
+            reply, env = load(request["code"], request["kwargs"], refused, request.get("max_turns"))
         else:
             reply = call(env, request["method"], request["args"], refused, max_bytes)
         try:
@@ -280,8 +280,42 @@ def _child_run(fn, args: tuple, error_reason: str, refused):
     return value, failure
 
 
-def _child_load(code: str, kwargs: dict, refused):
-    """Compile, find the first class defined at top level whose name ends in 'Env', run the module, instantiate."""
+def _child_prelude(code) -> dict:
+    """Names the module gets before it runs, for those its code uses (a superset: every global and attribute
+    name of the code and the code nested in it), as (module, attribute or None). The official loader
+    pre-populates these too, so that a game that forgot `import random` still loads."""
+    table = {**{m: (m, None) for m in ("math", "random", "re", "json", "itertools", "functools", "collections",
+                                       "string", "copy", "heapq", "bisect", "statistics", "typing")},
+             **{n: ("collections", n) for n in ("deque", "defaultdict", "Counter", "OrderedDict", "namedtuple")},
+             **{n: ("typing", n) for n in ("Any", "Dict", "List", "Optional", "Set", "Tuple", "Union")},
+             **{n: ("itertools", n) for n in ("permutations", "combinations", "product")},
+             "reduce": ("functools", "reduce"), "lru_cache": ("functools", "lru_cache"),
+             "dataclass": ("dataclasses", "dataclass"), "field": ("dataclasses", "field"), "Enum": ("enum", "Enum")}
+    names, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo.extend(k for k in c.co_consts if type(k) is type(c))
+    return {n: table[n] for n in sorted(names & table.keys())}
+
+
+def _child_game_class(module, names: list):
+    """Among the top-level classes whose name ends in 'Env', the first that no other of them subclasses (a file
+    may define `class Env`, then `class MastermindEnv(Env)`); the official code's injected base names
+    (Env, ToolUseBaseEnv) are skipped when there is another candidate. None if there is no such class."""
+    classes = [c for c in (module.__dict__.get(n) for n in dict.fromkeys(names)) if isinstance(c, type)]
+    leaves = [c for c in classes if not any(o is not c and issubclass(o, c) for o in classes)]
+    leaves = [c for c in leaves if c.__name__ not in ("Env", "ToolUseBaseEnv")] or leaves
+    return leaves[0] if leaves else None
+
+
+def _child_load(code: str, kwargs: dict, refused, max_turns_cap):
+    """Compile, run the module, take its game class, instantiate it with its own defaults, cap max_turns.
+
+    The game class: among the top-level classes whose name ends in 'Env', the first that no other of them
+    subclasses (a file may define `class Env` and then `class MastermindEnv(Env)`), the names of the
+    official code's injected bases skipped when there is another candidate.
+    """
     import sys
     try:
         tree = compile(code, "<env>", "exec", 0x400)   # 0x400 = ast.PyCF_ONLY_AST, without importing ast
@@ -295,16 +329,31 @@ def _child_load(code: str, kwargs: dict, refused):
         return _child_fail("no_env_class", "no top-level class whose name ends in 'Env'"), None
     module = type(sys)("env_module")
     sys.modules["env_module"] = module   # dataclasses, enum and pickle look a class's module up here
+    for name, (mod, attr) in _child_prelude(module_code).items():
+        value, failure = _child_run(__import__, (mod,), "init_error", refused)
+        if failure:
+            return _child_fail(*failure), None
+        module.__dict__[name] = value if attr is None else getattr(value, attr)
     _, failure = _child_run(exec, (module_code, module.__dict__), "init_error", refused)
     if failure:
         return _child_fail(*failure), None
-    cls = module.__dict__.get(names[0])
-    if not isinstance(cls, type):
+    cls, failure = _child_run(_child_game_class, (module, names), "init_error", refused)
+    if failure:
+        return _child_fail(*failure), None
+    if cls is None:
         return _child_fail("no_env_class", f"{names[0]} is not a class once the module has run"), None
     env, failure = _child_run(lambda: cls(**kwargs), (), "init_error", refused)
     if failure:
         return _child_fail(*failure), None
-    return {"ok": True, "value": names[0]}, env
+    turns = None
+    if max_turns_cap is not None:     # capped, never raised: min(its own max_turns, the runner's)
+        own, failure = _child_run(getattr, (env, "max_turns", None), "init_error", refused)
+        turns = min(own, max_turns_cap) if type(own) is int and own > 0 else max_turns_cap
+        if not failure and turns != own:
+            _, failure = _child_run(setattr, (env, "max_turns", turns), "init_error", refused)
+        if failure:
+            return _child_fail(*failure), None
+    return {"ok": True, "value": [str(type.__dict__["__name__"].__get__(cls)), turns]}, env
 
 
 def _child_call(env, method: str, args: list, refused, max_bytes: int) -> dict:
@@ -353,7 +402,7 @@ def _child_plain(value, budget: list, depth: int):
 
 
 _CHILD_FUNCTIONS = (_child_main, _child_watchdog, _child_rules, _child_hook, _child_serve, _child_read, _child_fail,
-                    _child_run, _child_load, _child_call, _child_plain)
+                    _child_run, _child_prelude, _child_game_class, _child_load, _child_call, _child_plain)
 _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
     "\nimport json, sys\n_child_main(json.loads(sys.argv[1]))\n"
 
@@ -481,10 +530,13 @@ class EnvProcess:
     ('CountEnv', [2, False], [3, True])
     """
 
-    def __init__(self, code: str, init_kwargs: dict | None = None, limits: Limits = Limits()):
+    def __init__(self, code: str, init_kwargs: dict | None = None, limits: Limits = Limits(),
+                 max_turns: int | None = None):
+        """max_turns: a cap on the instance's own `max_turns` (set to min(own, cap)); self.max_turns is then
+        the effective value (the cap when the instance declares none), else None."""
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
-        self.limits, self.class_name, self.alive = limits, "", False
+        self.limits, self.class_name, self.alive, self.max_turns = limits, "", False, None
         self._closed, self._proc, self._fds, self._died_of = False, None, (), "crash"
         self._pending: tuple | None = None   # (nonce, deadline) of the request in flight
         self._outcome = None                 # its reply value, or a SandboxError
@@ -492,8 +544,12 @@ class EnvProcess:
         self._dir = tempfile.mkdtemp(prefix="spade-sandbox-")
         try:
             self._spawn()
-            self._send({"code": code, "kwargs": dict(init_kwargs or {})})
-            self.class_name = self.receive()
+            self._send({"code": code, "kwargs": dict(init_kwargs or {}), "max_turns": max_turns})
+            loaded = self.receive()
+            if not (isinstance(loaded, list) and len(loaded) == 2 and isinstance(loaded[0], str)
+                    and (loaded[1] is None or type(loaded[1]) is int)):
+                raise SandboxError("protocol", f"bad load reply {str(loaded)[:100]!r}")
+            self.class_name, self.max_turns = loaded
         except BaseException:
             self.close()
             raise

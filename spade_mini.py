@@ -104,15 +104,26 @@ def _tiny_random(tok, attn: str):
 
     note: initializer_range 0.3, not 0.02: at 0.02 greedy decoding repeats one token forever, and the
     equivalence tests would compare nothing.
+    subtle: a random model practically never samples its stop token (1 in 49k), and a reply cut by the token
+    limit is not played, so every multi-turn path would go untested. Hidden dimension 0 is made a constant
+    "bias" feature (every embedding carries 3.0 there) that only the stop token's output row reads (weight
+    11): replies end after about 10-20 tokens, sampled or greedy, the rest of the model stays random.
     """
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         tie_word_embeddings=True, initializer_range=0.3, bos_token_id=tok.bos_token_id,
+                         tie_word_embeddings=False, initializer_range=0.3, bos_token_id=tok.bos_token_id,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config._attn_implementation = attn
-    return AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight  # (V, H)
+        head.copy_(model.get_input_embeddings().weight)
+        model.get_input_embeddings().weight[:, 0] = 3.0
+        head[:, 0] = 0.0
+        head[tok.eos_token_id, 0] = 11.0
+    return model
 
 
 def _from_pretrained(path: str, device: str, dtype: torch.dtype, quantized: bool, attn: str):
@@ -240,13 +251,15 @@ class Completion:
     finished: bool = False     # True when it ended with a stop token, False when max_new_tokens cut it
 
 
-def chat_ids(tok, user_text: str) -> list[int]:
+def chat_ids(tok, user_text: str, thinking: bool = False) -> list[int]:
     """Token ids of a one-message conversation in the tokenizer's own chat template, ready to generate.
 
     note: the template text is tokenized with add_special_tokens=False: templates write BOS themselves.
+    note: enable_thinking reaches every template; hybrid ones (Qwen3-8B) think unless it is False, the others
+    ignore it.
     """
     text = tok.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
-                                   add_generation_prompt=True)
+                                   add_generation_prompt=True, enable_thinking=thinking)
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -368,6 +381,7 @@ class Episode:
     reward: float = 0.0          # episode return (envs.episode_return), in [-1, 1]
     turns: int = 0               # steps taken in the environment
     terminated: bool = False     # the environment reported its goal reached
+    truncated: bool = False      # ended by the environment's truncated flag, max_turns or a cut reply
     failure: str | None = None   # SandboxError reason ("timeout", "memory", "error", ...) or "contract"
     transcript: list[dict] = field(default_factory=list)  # turn 0: first observation; then one dict per step
 
@@ -380,7 +394,7 @@ MAX_OBSERVATION_CHARS = 16_000  # about 4k tokens; longer observations are cut (
 _PROBE_REPLY, _PROBE_OBS = "\x01REPLY\x01", "\x01OBSERVATION\x01"
 
 
-def _turn_frame(tok) -> tuple[str, str]:
+def _turn_frame(tok, thinking: bool = False) -> tuple[str, str]:
     """(close, open): the template text after an assistant reply and before the next reply, around an observation.
 
     Found by rendering a probe conversation with marker strings, so it holds for any template that inserts
@@ -388,7 +402,7 @@ def _turn_frame(tok) -> tuple[str, str]:
     """
     msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_REPLY},
             {"role": "user", "content": _PROBE_OBS}]
-    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
     after_reply = text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):]
     close, open_ = after_reply.split(_PROBE_OBS)
     return close, open_
@@ -423,13 +437,20 @@ def _fail(ep: Episode, reason: str, detail: str) -> None:
     ep.transcript.append({"turn": ep.turns + 1, "error": f"{reason}: {detail}"[:500]})
 
 
+def _cut(ep: Episode, reply: Completion) -> None:
+    """A reply the token limit cut (no stop token) ends the episode, truncated, with return 0 (as the official
+    code does): half an answer is not sent to the environment as an action."""
+    ep.reward, ep.truncated = 0.0, True
+    ep.transcript.append({"turn": ep.turns + 1, "reply": reply.text, "cut": True})
+
+
 def _clip_observation(obs: str) -> str:
     """note: observations are not in the token budget, so one is capped in characters (a hostile env may
     return up to the sandbox's message cap, ~1 MB)."""
     return obs if len(obs) <= MAX_OBSERVATION_CHARS else obs[:MAX_OBSERVATION_CHARS] + "\n[observation truncated]"
 
 
-def _begin(ep: Episode, raw, tok) -> bool:
+def _begin(ep: Episode, raw, tok, thinking: bool = False) -> bool:
     """Reset result -> first prompt. Returns whether the episode goes on."""
     if isinstance(raw, sandbox.SandboxError):
         _fail(ep, raw.reason, raw.detail)
@@ -439,7 +460,7 @@ def _begin(ep: Episode, raw, tok) -> bool:
     except envs.ContractError as err:
         _fail(ep, "contract", str(err))
         return False
-    ep.append(chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint)), trainable=False)
+    ep.append(chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint), thinking), trainable=False)
     ep.prompt_len = len(ep.token_ids)
     ep.transcript.append({"turn": 0, "observation": obs})
     return True
@@ -462,6 +483,7 @@ def _advance(ep: Episode, raw, reply: Completion, action: str, tok, frame: tuple
     ep.terminated = terminated
     ep.reward = envs.episode_return(reward, terminated, False)
     if terminated or truncated or ep.turns >= max_turns:
+        ep.truncated = not terminated
         return False
     ep.append(observation_ids(tok, obs, reply.completion_ids, frame), trainable=False)
     return True
@@ -516,26 +538,27 @@ def _drop_hung(eps: list[Episode], active: list[int]) -> list[int]:
 
 def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens: int, max_episode_tokens: int,
          temperature: float, top_p: float, top_k: int, seed: int, limits, static_cache: bool = False,
-         reuse_cache: bool = True, stats: dict | None = None) -> list[Episode]:
+         reuse_cache: bool = True, stats: dict | None = None, thinking: bool = False) -> list[Episode]:
     """Play every spec to the end; each turn ALL active episodes share ONE generate call.
 
     Budgets: a reply gets at most max_new_tokens; an episode at most max_episode_tokens generated tokens over
-    all its turns (a reply cut by that budget is not played: the episode ends with return 0).
+    all its turns. A reply cut by either (no stop token) is not played: the episode ends, truncated, return 0.
     reuse_cache: keep the KV cache across turns, so a turn prefills only the new observation (off with
     static_cache, whose fixed-shape cache is rebuilt every call). stats, when given, receives generate_s,
-    sandbox_s, generated_tokens and generate_calls.
+    sandbox_s, generated_tokens and generate_calls. thinking: rendered with enable_thinking; the action is
+    read after the last </think> either way, and thinking tokens count in both budgets.
     """
     eps = [Episode(spec=s) for s in specs]
     timing = {"generate_s": 0.0, "sandbox_s": 0.0, "generated_tokens": 0, "generate_calls": 0}
     t = time.time()
-    procs, frame = _open_all(specs, max_turns, limits), _turn_frame(tok)
+    procs, frame = _open_all(specs, max_turns, limits), _turn_frame(tok, thinking)
     batch, deltas = None, {}
     try:
         live = [i for i, p in enumerate(procs) if not isinstance(p, sandbox.SandboxError)]
         for i in sorted(set(range(len(specs))) - set(live)):
-            _begin(eps[i], procs[i], tok)  # records the start failure
+            _begin(eps[i], procs[i], tok, thinking)  # records the start failure
         raws = sandbox.call_many([procs[i] for i in live], "reset", [(specs[i].seed,) for i in live])
-        active = _drop_hung(eps, [i for i, raw in zip(live, raws) if _begin(eps[i], raw, tok)])
+        active = _drop_hung(eps, [i for i, raw in zip(live, raws) if _begin(eps[i], raw, tok, thinking)])
         timing["sandbox_s"] += time.time() - t
         for turn in range(max_turns):
             room = {i: max_episode_tokens - sum(eps[i].loss_mask) for i in active}
@@ -553,18 +576,21 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
             timing["generate_calls"] += 1
             stepping = []
             for i, reply in zip(active, replies):
-                n = len(reply.completion_ids)  # cut by the episode budget: over it, or at it short of a stop token
-                cut = n > room[i] or (n == room[i] < max_new_tokens and not reply.finished)
+                # a reply without its stop token was cut (turn limit or episode budget): not played
+                cut = len(reply.completion_ids) > room[i] or not reply.finished
                 reply.completion_ids = reply.completion_ids[: room[i]]
                 eps[i].append(reply.completion_ids, trainable=True)
                 timing["generated_tokens"] += len(reply.completion_ids)
-                if not cut:
-                    stepping.append((i, reply, envs.to_action(reply.text)))
+                if cut:
+                    _cut(eps[i], reply)
+                else:
+                    stepping.append((i, reply, envs.to_action(envs.after_thinking(reply.text))))
             t = time.time()
             raws = sandbox.call_many([procs[i] for i, _, _ in stepping], "step", [(a,) for _, _, a in stepping])
             before = {i: len(eps[i].token_ids) for i, _, _ in stepping}
             active = _drop_hung(eps, [i for (i, reply, action), raw in zip(stepping, raws)
-                                      if _advance(eps[i], raw, reply, action, tok, frame, max_turns)])
+                                      if _advance(eps[i], raw, reply, action, tok, frame,
+                                                  procs[i].max_turns or max_turns)])
             deltas = {i: eps[i].token_ids[before[i]:] for i in active}
             timing["sandbox_s"] += time.time() - t
     finally:

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import math
 import os
 import random
 import re
@@ -59,7 +60,8 @@ class Config:
     skills: str = ""                    # comma-separated skill names or indices 0-5 ('' -> all six)
     skills_per_step: int = 1            # k skills active per step, round-robin
     envs_per_step: int = 4              # G environment slots per step
-    design_attempts: int = 3            # attempts per slot, a fresh document each attempt
+    design_attempts: int = 5            # attempts per slot, a fresh document each attempt
+    regen_interval: int = 4             # R: new environments every R steps, each played for the whole window
     env_pool: str = ""                  # folder of *.py environments: agent-only training on a fixed pool
     backfill: str = ""                  # folder of *.py environments that fill slots the designer left empty
     # play
@@ -74,6 +76,8 @@ class Config:
     temperature: float = 0.7            # sampling temperature (log-probs are taken at the same temperature)
     top_p: float = 0.95                 # nucleus sampling
     top_k: int = 20                     # top-k sampling
+    hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
+    thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential
@@ -115,7 +119,7 @@ PRESETS = {
     # valid program, so empty slots are backfilled from examples/ (the agent side of the loop still runs; the
     # designer gets no sample for a backfilled slot)
     "tiny": dict(model="smollm2-135m", backfill=str(Path(__file__).resolve().parent / "examples"), doc_words=300,
-                 envs_per_step=4, design_attempts=2, plays=4, hinted_plays=4, max_turns=3,
+                 envs_per_step=4, design_attempts=2, regen_interval=1, plays=4, hinted_plays=4, max_turns=3,
                  designer_max_new_tokens=512, hint_max_new_tokens=64, agent_max_new_tokens=64,
                  agent_max_episode_tokens=192, token_budget=2048),
     # one 24 GB GPU: NF4 weights 2.5 GB; 32 episodes x 2048 tokens of bf16 KV cache ~9.6 GB; 4k-token micro-batches
@@ -147,7 +151,7 @@ def check_config(cfg: Config) -> None:
     for name in ("steps", "envs_per_step", "design_attempts", "max_turns", "designer_max_new_tokens",
                  "agent_max_new_tokens", "agent_max_episode_tokens", "token_budget", "skills_per_step",
                  "doc_words", "memory_capacity", "lora_r", "checkpoint_every", "keep_checkpoints",
-                 "env_memory_mb", "eval_limit"):
+                 "env_memory_mb", "eval_limit", "regen_interval"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
     for name in ("plays", "hinted_plays", "episodes_logged", "kl_beta", "hint_max_new_tokens", "eval_every"):
@@ -159,6 +163,8 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("--quantize must be auto, none or nf4")
     if not (cfg.temperature > 0 and 0 < cfg.top_p <= 1 and cfg.lr > 0 and cfg.call_timeout > 0):
         raise ConfigError("--temperature, --lr and --call-timeout must be > 0 and --top-p in (0, 1]")
+    if cfg.hint_temperature < 0:
+        raise ConfigError(f"--hint-temperature must be >= 0 (0 = greedy; got {cfg.hint_temperature})")
     if cfg.plays < 2:
         raise ConfigError("--plays must be >= 2: the agent advantage is a z-score within an environment's plays")
     for path, flag in ((cfg.corpus, "--corpus"), (cfg.env_pool, "--env-pool"), (cfg.eval_pool, "--eval-pool"),
@@ -261,7 +267,7 @@ def fault_point(name: str, step: int) -> None:
 
 
 # -----------------------------------------------------------------------------------------------------------
-# what flows through one step
+# what flows through one regeneration window (R steps: designed at its first, scored at its last)
 
 @dataclass
 class Design:
@@ -279,15 +285,43 @@ class Design:
 
 @dataclass
 class PlayedEnv:
-    """A valid environment of this step, its hint, its plays and its scores."""
+    """An environment of the current window, its hint, and the outcomes of its plays so far."""
     env_id: str
     skill: str
     code: str
-    design: Design | None               # None for environments from --env-pool
+    design: Design | None               # None for --env-pool and --backfill environments
     hint: str = ""
-    unhinted: list = dataclasses.field(default_factory=list)   # spade_mini.Episode
-    hinted: list = dataclasses.field(default_factory=list)
-    scores: dict = dataclasses.field(default_factory=dict)
+    hinted: list = dataclasses.field(default_factory=list)     # returns of the hinted plays (first step)
+    unhinted: list = dataclasses.field(default_factory=list)   # returns of the unhinted plays, one list per step
+    trained: list = dataclasses.field(default_factory=list)    # same shape: did the play produce tokens
+    hung: bool = False                  # a play hit a step timeout: dropped for the rest of the window
+    stats: dict = dataclasses.field(default_factory=dict)      # environment_stats, at the first step
+    scores: dict = dataclasses.field(default_factory=dict)     # regret.score_window's row, at the last step
+    episodes: list = dataclasses.field(default_factory=list)   # this step's spade_mini.Episode (not saved)
+
+
+@dataclass
+class Window:
+    """The environments designed at step `start`, played at steps start .. start + length - 1."""
+    start: int
+    length: int                         # R, cut short by the end of the run
+    attempts: list                      # every Design of the first step
+    envs: list                          # PlayedEnv
+
+    def to_json(self) -> dict:
+        def design(d):
+            return None if d is None else {**dataclasses.asdict(d), "verdict": d.verdict.to_json()}
+        return {"start": self.start, "length": self.length, "attempts": [design(d) for d in self.attempts],
+                "envs": [{**{f.name: getattr(e, f.name) for f in dataclasses.fields(e)
+                             if f.name not in ("design", "episodes")},
+                          "design": self.attempts.index(e.design) if e.design else None} for e in self.envs]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Window":
+        attempts = [Design(**{**a, "verdict": envs.Verdict.from_json(a["verdict"])}) for a in d["attempts"]]
+        played = [PlayedEnv(**{**e, "design": None if e["design"] is None else attempts[e["design"]]})
+                  for e in d["envs"]]
+        return cls(d["start"], d["length"], attempts, played)
 
 
 def clean_hint(text: str, max_words: int = 100) -> str:
@@ -332,7 +366,7 @@ def load_pool(folder: str, cfg: Config) -> list[tuple[str, str]]:
 
 @dataclass
 class State:
-    """What persists across steps (the model and optimizer, memory, corpus, per-skill slow means)."""
+    """What persists across steps (the model and optimizer, memory, corpus, slow means, the open window)."""
     cfg: Config
     run: Run
     model: object
@@ -343,14 +377,24 @@ class State:
     pool: list[tuple[str, str]]
     backfill: list[tuple[str, str]]
     mu_slow: dict                       # learning_potential's slow mean per skill
+    window: Window | None = None        # the window being played; None between windows
 
 
 def sample_kwargs(cfg: Config) -> dict:
     return dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, static_cache=cfg.static_cache)
 
 
+def env_id(start: int, slot: int, name: str = "") -> str:
+    """Unique across the run: the window's first step and the slot (and the pool file's name).
+
+    >>> env_id(8, 1), env_id(0, 2, "cups")
+    ('env_00008_01', 'env_00000_02_cups')
+    """
+    return f"env_{start:05d}_{slot:02d}" + (f"_{name}" if name else "")
+
+
 # -----------------------------------------------------------------------------------------------------------
-# the phases of one self-play step, in order
+# the phases, in order
 
 def design(st: State, step: int, skills: list[str]) -> list[Design]:
     """Phases 1-3: each slot gets up to `design_attempts` tries, each from a fresh document; every program is
@@ -366,16 +410,18 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         for g in slots:
             skill = skills[g % len(skills)]
             rng = random.Random(envs.derive_seed(cfg.seed, step, "designer", g * cfg.design_attempts + attempt))
-            doc = None if cfg.no_corpus else " ".join(rng.choice(st.corpus).split()[:cfg.doc_words])
+            # the one cut of a document: --doc-words words, line breaks kept
+            doc = None if cfg.no_corpus else envs.truncate_words(rng.choice(st.corpus), cfg.doc_words)
             positives = st.memory.positives(skill, rng) if use_memory else []
             negative = st.memory.negative(skill, rng) if use_memory else None
-            prompts.append(spade_mini.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative)))
+            prompts.append(spade_mini.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative),
+                                               cfg.thinking))
             docs.append(doc or "")
         outs = spade_mini.generate(st.model, st.tok, prompts, max_new_tokens=cfg.designer_max_new_tokens,
                                    seed=envs.derive_seed(cfg.seed, step, "designer-sample", attempt),
                                    **sample_kwargs(cfg))
         fault_point("generate", step)
-        codes = [envs.extract_code(o.text) for o in outs]
+        codes = [envs.extract_code(envs.after_thinking(o.text)) for o in outs]
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, validate_all(codes, cfg)):
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]),
                                    out.prompt_ids, out.completion_ids, out.text, code, verdict))
@@ -384,157 +430,202 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
     return attempts
 
 
-def backfill(st: State, step: int, filled: set[int]) -> list[PlayedEnv]:
-    """--backfill: slots without a valid program take a pool environment (round-robin); no designer sample."""
-    if not st.backfill:
-        return []
-    empty = [g for g in range(st.cfg.envs_per_step) if g not in filled]
-    picks = [st.backfill[(step * st.cfg.envs_per_step + g) % len(st.backfill)] for g in empty]
-    return [PlayedEnv(f"env_{g:02d}_{name}", "backfill", code, None) for g, (name, code) in zip(empty, picks)]
+def open_window(st: State, step: int, skills: list[str]) -> Window:
+    """Phases 1-3 at a window's first step: the designer's valid programs (slots it left empty take a
+    --backfill environment, round-robin), or a slice of the fixed --env-pool."""
+    cfg = st.cfg
+    length = min(cfg.regen_interval, cfg.steps - step)
+    if st.pool:
+        picks = [st.pool[(step * cfg.envs_per_step + g) % len(st.pool)] for g in range(cfg.envs_per_step)]
+        attempts, played = [], [PlayedEnv(env_id(step, g, name), "pool", code, None)
+                                for g, (name, code) in enumerate(picks)]
+    else:
+        attempts = design(st, step, skills)
+        played = [PlayedEnv(env_id(step, d.slot), d.skill, d.code, d) for d in attempts if d.verdict.valid]
+        empty = [g for g in range(cfg.envs_per_step) if g not in {e.design.slot for e in played}]
+        for g in empty if st.backfill else []:
+            name, code = st.backfill[(step * cfg.envs_per_step + g) % len(st.backfill)]
+            played.append(PlayedEnv(env_id(step, g, name), "backfill", code, None))
+    folder = st.run.env_dir(step)       # the programs are on disk from the start; scores follow at the end
+    folder.mkdir(parents=True, exist_ok=True)
+    for e in played:
+        envs.write_atomic(folder / f"{e.env_id}.py", e.code)
+    return Window(step, length, attempts, played)
 
 
 def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
-    """Phase 4: the same model reads each environment's source and writes a short strategy hint (not trained)."""
+    """Phase 4: the same model reads each environment's source and writes a short strategy hint (not trained),
+    sampled at --hint-temperature."""
     import spade_mini
-    if not played or st.cfg.hinted_plays == 0:
+    cfg = st.cfg
+    if not played or cfg.hinted_plays == 0:
         return
-    prompts = [spade_mini.chat_ids(st.tok, envs.hint_prompt(e.code)) for e in played]
-    outs = spade_mini.generate(st.model, st.tok, prompts, max_new_tokens=st.cfg.hint_max_new_tokens,
-                               seed=envs.derive_seed(st.cfg.seed, step, "hint", 0), **sample_kwargs(st.cfg))
+    prompts = [spade_mini.chat_ids(st.tok, envs.hint_prompt(e.code), cfg.thinking) for e in played]
+    outs = spade_mini.generate(st.model, st.tok, prompts, max_new_tokens=cfg.hint_max_new_tokens,
+                               seed=envs.derive_seed(cfg.seed, step, "hint", 0),
+                               **{**sample_kwargs(cfg), "temperature": cfg.hint_temperature})
     fault_point("hint", step)
     for e, out in zip(played, outs):
-        e.hint = clean_hint(out.text) or "Read the observation carefully and try a simple action first."
+        e.hint = clean_hint(envs.after_thinking(out.text)) or \
+            "Read the observation carefully and try a simple action first."
 
 
-def play_all(st: State, step: int, played: list[PlayedEnv]) -> dict:
-    """Phase 5: every play of every environment, hinted and unhinted, advances together, one generate per turn.
-    Play i with and without the hint shares the environment seed (a paired comparison)."""
+def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dict:
+    """Phase 5: every play of every environment still in the window advances together, one generate per turn:
+    P unhinted plays with fresh seeds each step, and at the window's first step H hinted ones. Play i with and
+    without the hint shares the environment seed (a paired comparison)."""
     import spade_mini
     cfg, specs, timing = st.cfg, [], {}
     for j, e in enumerate(played):
-        for i in range(max(cfg.plays, cfg.hinted_plays)):
+        for i in range(max(cfg.plays, cfg.hinted_plays if hinted else 0)):
             env_seed = envs.derive_seed(cfg.seed, step, "env", j * 1000 + i)
             if i < cfg.plays:
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, None, (j, False, i)))
-            if i < cfg.hinted_plays:
+            if hinted and i < cfg.hinted_plays:
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, e.hint, (j, True, i)))
     episodes = spade_mini.play(st.model, st.tok, specs, max_turns=cfg.max_turns,
                                max_new_tokens=cfg.agent_max_new_tokens,
                                max_episode_tokens=cfg.agent_max_episode_tokens,
                                seed=envs.derive_seed(cfg.seed, step, "agent", 0), limits=limits_of(cfg),
-                               stats=timing, **sample_kwargs(cfg))
+                               stats=timing, thinking=cfg.thinking, **sample_kwargs(cfg))
     fault_point("play", step)
+    for e in played:
+        e.episodes = []
     for ep in episodes:
-        j, hinted, _ = ep.spec.key
-        (played[j].hinted if hinted else played[j].unhinted).append(ep)
+        j, is_hinted, _ = ep.spec.key
+        e = played[j]
+        if is_hinted:
+            e.hinted.append(ep.reward)
+        e.episodes.append(ep)
+    for e in played:
+        plays = [ep for ep in e.episodes if ep.spec.hint is None]
+        e.unhinted.append([ep.reward for ep in plays])
+        e.trained.append([any(ep.loss_mask) for ep in plays])   # a play that failed to start has no tokens
+        e.hung = e.hung or any(ep.failure == "timeout" for ep in e.episodes)
     return {"perf/generate_tok_per_s": timing["generated_tokens"] / max(timing["generate_s"], 1e-9),
             "perf/sandbox_s": timing["sandbox_s"], "perf/generate_s": timing["generate_s"]}
 
 
-def score(st: State, played: list[PlayedEnv]) -> None:
-    """Phase 6: R_nohint, R_hint, hint regret, win rate and the designer's reward of each environment."""
-    cfg = st.cfg
-    for e in played:
-        r_nohint = mean([ep.reward for ep in e.unhinted])
-        r_hint = mean([ep.reward for ep in e.hinted]) if e.hinted else r_nohint
-        hung = any(ep.failure == "timeout" for ep in e.unhinted + e.hinted)
-        mu = st.mu_slow.get(e.skill, 0.5)
-        reward = (cfg.timeout_penalty if hung else
-                  regret.designer_reward(cfg.designer_reward, r_hint, r_nohint, r_nohint, mu))
-        if not hung:
-            st.mu_slow[e.skill] = regret.update_slow_mean(mu, r_nohint)
-        e.scores = dict(r_nohint=r_nohint, r_hint=r_hint, regret=regret.hint_regret(r_hint, r_nohint),
-                        win_rate=mean([float(ep.reward > 0) for ep in e.unhinted]),
-                        designer_reward=reward, hung=hung)
+def score_input(cfg: Config, window: Window, designed: bool) -> dict:
+    """The window's outcomes in the format of `spade-mini score` (README): the designer's environments, or
+    (designed=False) the pool/backfill ones, whose designer fields are then unused."""
+    chosen = [e for e in window.envs if (e.design is not None) == designed]
+    return {"variant": cfg.designer_reward, "window": window.length,
+            "envs": [dict(skill=e.skill, hung=e.hung, hinted=e.hinted, unhinted=e.unhinted, trained=e.trained)
+                     for e in chosen]}
 
 
-def reference_solution(code: str, seed: int, cfg: Config) -> tuple[str, object]:
-    """(first observation, solution()) of an episode, from a fresh sandboxed instance; ("", None) if unavailable."""
+def score(st: State, window: Window) -> list[dict]:
+    """Phase 6 at the window's last step: R_hint, R_nohint, regret, w, win rate, designer reward and advantage
+    of each environment, and the slow means, all from regret.score_window (the function `spade-mini score`
+    runs). Returns the window records for samples.jsonl (input and output, so anyone can recompute them)."""
+    records = []
+    for designed in (True, False):
+        given = {**score_input(st.cfg, window, designed), "mu_slow": dict(st.mu_slow)}
+        if not given["envs"]:
+            continue
+        out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
+                                  hang_penalty=st.cfg.timeout_penalty)
+        if designed:                    # pool and backfill environments leave the slow means alone
+            st.mu_slow = out["mu_slow"]
+        for e, row in zip([e for e in window.envs if (e.design is not None) == designed], out["envs"]):
+            e.scores = row
+        records.append(dict(kind="window", start=window.start, designed=designed, input=given, output=out))
+    return records
+
+
+def reference_solution(code: str, seed: int, cfg: Config) -> tuple[str, list[str] | None]:
+    """(first observation, solution actions) of an episode from a fresh sandboxed instance; ("", None) if
+    unavailable (no solution(), a goal description, or a value that is no action list)."""
     from sandbox import SandboxError
     try:
         with envs.open_env(code, cfg.max_turns, limits_of(cfg)) as env:
             first = envs.parse_reset(env.call("reset", seed))
-            return first, env.call("solution")
+            return first, envs.solution_actions(env.call("solution"))
     except (SandboxError, envs.ContractError):
         return "", None
 
 
 def environment_stats(st: State, played: list[PlayedEnv]) -> dict:
-    """Statistics of this step's environments: size, turns, one-turn solves, hint/opening leakage, diversity."""
+    """Statistics of a window's new environments (first step): size, hint/opening leakage, diversity."""
     for e in played:
-        seed = e.unhinted[0].spec.seed if e.unhinted else 0
+        seed = e.episodes[0].spec.seed if e.episodes else 0
         first_obs, solution = reference_solution(e.code, seed, st.cfg)
-        solution = solution if isinstance(solution, (str, list)) else None
-        e.scores.update(loc=regret.loc(e.code), has_solution=bool(solution),
-                        hint_leak=bool(solution) and regret.hint_leak(e.hint, solution),
-                        opening_leak=bool(solution) and regret.opening_leak(first_obs, solution))
-    solved = [ep for e in played for ep in e.unhinted + e.hinted if ep.terminated]
-    with_solution = [e for e in played if e.scores["has_solution"]]
-    rate = lambda key: mean(e.scores[key] for e in with_solution) if with_solution else None  # noqa: E731
-    return {
-        "env/loc_mean": mean(e.scores["loc"] for e in played) if played else None,
-        "env/turns_to_solve": mean(ep.turns for ep in solved) if solved else None,
-        "env/one_turn_share": mean(any(ep.terminated and ep.turns == 1 for ep in e.unhinted + e.hinted)
-                                   for e in played) if played else None,
-        "env/hint_leak_rate": rate("hint_leak"), "env/opening_leak_rate": rate("opening_leak"),
-        "env/diversity": regret.diversity([e.code for e in played]) if len(played) > 1 else None,
-    }
+        e.stats = dict(loc=regret.loc(e.code), has_solution=bool(solution),
+                       hint_leak=bool(solution) and regret.hint_leak(e.hint, solution),
+                       opening_leak=bool(solution) and regret.opening_leak(first_obs, solution))
+    with_solution = [e for e in played if e.stats["has_solution"]]
+    rate = lambda key: mean(e.stats[key] for e in with_solution) if with_solution else None  # noqa: E731
+    return {"env/loc_mean": mean(e.stats["loc"] for e in played) if played else None,
+            "env/hint_leak_rate": rate("hint_leak"), "env/opening_leak_rate": rate("opening_leak"),
+            "env/diversity": regret.diversity([e.code for e in played]) if len(played) > 1 else None}
 
 
-def remember(st: State, step: int, played: list[PlayedEnv]) -> None:
-    """Phase 7: write each environment to envs/step_NNNNN/ and add a record per environment to memory.json."""
-    folder = st.run.env_dir(step)
-    folder.mkdir(parents=True, exist_ok=True)
-    for e in played:
-        envs.write_atomic(folder / f"{e.env_id}.py", e.code)
+def remember(st: State, window: Window) -> None:
+    """Phase 7 at the window's last step: each environment's scores next to its program, and one memory record
+    per designed environment (hung ones too, marked: they have scores, and are never shown as positives)."""
+    folder = st.run.env_dir(window.start)
+    for e in window.envs:
         envs.write_atomic(folder / f"{e.env_id}.json",
-                          json.dumps(dict(skill=e.skill, hint=e.hint, **e.scores), indent=2) + "\n")
-        fault_point("memory", step)
-        if e.design is None or e.scores["hung"]:
-            continue                    # pool environments are not the designer's; hung ones have no scores
+                          json.dumps(dict(skill=e.skill, hint=e.hint, hung=e.hung, **e.stats,
+                                          **{k: v for k, v in e.scores.items() if k != "agent_advantages"}),
+                                     indent=2) + "\n")
+        fault_point("memory", window.start + window.length - 1)
+        if e.design is None:
+            continue                    # pool and backfill environments are not the designer's
         st.memory.add(dict(env_id=e.env_id, file=str(folder / f"{e.env_id}.py"), skill=e.skill, code=e.code,
-                           step=step, **{k: e.scores[k] for k in ("win_rate", "regret", "r_hint", "r_nohint")}))
+                           step=window.start, hung=e.hung,
+                           **{k: e.scores[k] for k in ("win_rate", "regret", "r_hint", "r_nohint", "w")}))
     st.memory.save()
 
 
-def build_samples(st: State, played: list[PlayedEnv], attempts: list[Design]) -> tuple[list, dict]:
-    """Phase 8a: per-role advantages. Agent: z-score within each environment's unhinted plays (hinted plays
-    are never trained). Designer: one sample per valid environment, centred per skill and scaled by
-    S = min(n_agent / n_designer, 50)."""
+def agent_samples(st: State, played: list[PlayedEnv]) -> tuple[list, dict]:
+    """Phase 8a, every step: the agent's unhinted plays of this step, z-scored within each environment over
+    the plays that produced tokens (regret.agent_advantages, as score_window does). Hinted plays are never
+    trained; hung environments and groups whose returns all tie are dropped (departure 3)."""
     import spade_mini
-    cfg, agent, groups = st.cfg, [], []
+    samples, groups = [], []
     for e in played:
-        if e.scores["hung"]:
-            continue                    # dropped for the rest of the step
-        rewards = [ep.reward for ep in e.unhinted]
-        groups.append(rewards)
-        if max(rewards) == min(rewards):
-            continue                    # zero-variance group: no gradient (departure 3)
-        for ep, adv in zip(e.unhinted, regret.agent_advantages(rewards)):
-            if any(ep.loss_mask):       # note: a play whose environment failed to start has no tokens at all
-                agent.append(spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent"))
-    designed = [(e.design, e.scores["designer_reward"]) for e in played if e.design is not None]
+        if e.hung:
+            continue
+        plays = [ep for ep in e.episodes if ep.spec.hint is None]
+        groups.append([r for r, t in zip(e.unhinted[-1], e.trained[-1]) if t])
+        advantages = regret.agent_advantages(e.unhinted[-1], e.trained[-1])
+        if not any(advantages):
+            continue                    # a tie: no gradient
+        samples += [spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent")
+                    for ep, adv, t in zip(plays, advantages, e.trained[-1]) if t]
+    return samples, {"agent/zero_variance_frac": regret.zero_variance_fraction(groups) if groups else None}
+
+
+def designer_samples(st: State, window: Window) -> list:
+    """Phase 8a, at the window's last step: one sample per designed environment with score_window's advantage.
+    With the opt-in --invalid-penalty the window's invalid programs join the per-skill centring."""
+    import spade_mini
+    cfg = st.cfg
+    if cfg.no_designer_training:
+        return []
+    designed = [(e.design, e.scores["designer_reward"], e.scores["designer_advantage"])
+                for e in window.envs if e.design is not None]
     if cfg.invalid_penalty:             # opt-in: tiny models otherwise never learn to write valid code
-        designed += [(d, cfg.invalid_penalty) for d in attempts if not d.verdict.valid]
-    designer = []
-    if designed and not cfg.no_designer_training:
-        advs = regret.designer_advantages([r for _, r in designed], [d.skill for d, _ in designed],
-                                          max(len(agent), 1))
-        for (d, _), adv in zip(designed, advs):
-            ids = d.prompt_ids + d.completion_ids
-            mask = [0] * len(d.prompt_ids) + [1] * len(d.completion_ids)
-            if adv != 0 and d.completion_ids:
-                designer.append(spade_mini.Sample(ids, mask, adv, "designer"))
-    stats = {"agent/zero_variance_frac": regret.zero_variance_fraction(groups) if groups else None,
-             "loss/samples_agent": len(agent), "loss/samples_designer": len(designer)}
-    return agent + designer, stats
+        rows = [(d, r) for d, r, _ in designed] + [(d, cfg.invalid_penalty) for d in window.attempts
+                                                    if not d.verdict.valid]
+        n_first = sum(len(e.unhinted[0]) for e in window.envs if e.design is not None)
+        scale = regret.designer_scale(n_first, window.length, max(len(designed), 1))
+        advs = regret.designer_advantages([r for _, r in rows], [d.skill for d, _ in rows], scale)
+        designed = [(d, r, a) for (d, r), a in zip(rows, advs)]
+    return [spade_mini.Sample(d.prompt_ids + d.completion_ids,
+                              [0] * len(d.prompt_ids) + [1] * len(d.completion_ids), adv, "designer")
+            for d, _, adv in designed if adv != 0 and d.completion_ids]
 
 
 def update(st: State, samples: list) -> dict:
     """Phase 8b: one optimizer step over both roles' samples (PPO-clip form, micro-batched by tokens)."""
     import spade_mini
+    counts = {"loss/samples_agent": sum(s.role == "agent" for s in samples),
+              "loss/samples_designer": sum(s.role == "designer" for s in samples)}
     if not samples:
-        return {"loss/policy": None}
+        return {"loss/policy": None, **counts}
     cfg = st.cfg
     out = spade_mini.update(st.model, st.optimizer, samples, temperature=cfg.temperature,
                             clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_beta=cfg.kl_beta,
@@ -542,7 +633,7 @@ def update(st: State, samples: list) -> dict:
                             pad_id=st.tok.pad_token_id or 0)
     names = {"loss": "loss/policy", "kl": "loss/kl", "clip_frac": "loss/clip_frac", "grad_norm": "loss/grad_norm",
              "tokens": "loss/tokens", "tokens_per_s": "perf/train_tok_per_s", "peak_mem_mb": "perf/peak_mem_mb"}
-    return {names[k]: v for k, v in out.items() if k in names}
+    return {**{names[k]: v for k, v in out.items() if k in names}, **counts}
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -559,73 +650,90 @@ def phase(bar, clock: dict, name: str):
 
 
 def self_play_step(st: State, step: int) -> dict:
-    """design -> validate -> hint -> play -> score -> remember -> update; returns the step's metrics record."""
+    """design -> validate -> hint -> play -> score -> remember -> update; returns the step's metrics record.
+
+    With --regen-interval R the first four phases run at a window's first step only, score and remember at
+    its last; play and the agent's update run every step."""
     from tqdm import tqdm
-    cfg, clock, t0 = st.cfg, {}, time.time()
+    cfg, clock, t0, logs = st.cfg, {}, time.time(), []
     skills = active_skills(cfg, step)
+    first = st.window is None
     bar = tqdm(total=5, desc=f"step {step}", unit="phase", leave=False, file=sys.stderr)
 
-    # 1-3. design environments and validate them in the sandbox (or take them from a fixed pool)
+    # 1-3. at a window's first step: design environments and validate them in the sandbox (or take a pool's)
     with phase(bar, clock, "design"):
-        if st.pool:
-            picks = [st.pool[(step * cfg.envs_per_step + g) % len(st.pool)] for g in range(cfg.envs_per_step)]
-            attempts = []
-            played = [PlayedEnv(f"env_{g:02d}_{name}", "pool", code, None) for g, (name, code) in enumerate(picks)]
-        else:
-            attempts = design(st, step, skills)
-            played = [PlayedEnv(f"env_{d.slot:02d}", d.skill, d.code, d) for d in attempts if d.verdict.valid]
-            played += backfill(st, step, {e.design.slot for e in played})
+        if first:
+            st.window = open_window(st, step, skills)
+    window = st.window
+    last = step == window.start + window.length - 1
+    live = [e for e in window.envs if not e.hung]
 
     # 4. hint: the model reads each environment's source and writes a privileged hint (not trained)
     with phase(bar, clock, "hint"):
-        write_hints(st, step, played)
+        if first:
+            write_hints(st, step, live)
 
-    # 5. play every environment P times without and H times with the hint, all episodes in one batch
+    # 5. play every environment P times without the hint (and, at the first step, H times with it)
     with phase(bar, clock, "play"):
-        clock.update(play_all(st, step, played) if played else {})
+        clock.update(play_all(st, step, live, hinted=first) if live else {})
     clock["perf/sandbox_share"] = clock.get("perf/sandbox_s", 0.0) / max(clock["perf/play_s"], 1e-9)
 
-    # 6-7. score (regret, designer rewards, statistics) and remember (env files + memory.json)
+    # 6-7. at the window's last step: score (regret, designer rewards) and remember (scores + memory.json)
     with phase(bar, clock, "score"):
-        score(st, played)
-        clock.update(environment_stats(st, played))
-        remember(st, step, played)
+        if first:
+            clock.update(environment_stats(st, live))
+        if last:
+            logs = score(st, window)
+            remember(st, window)
         codes = [r["code"] for r in st.memory.records]
         clock.update({"memory/size": len(codes), "memory/diversity": regret.diversity(codes) if len(codes) > 1 else None})
 
     # 8. update: per-role advantages, then one optimizer step for both roles
     with phase(bar, clock, "update"):
-        samples, sample_stats = build_samples(st, played, attempts)
+        samples, sample_stats = agent_samples(st, live)
+        samples += designer_samples(st, window) if last else []
         fault_point("update", step)
-        losses = update(st, samples)
+        clock.update({**sample_stats, **update(st, samples)})
     bar.close()
     clock["perf/step_s"] = time.time() - t0
 
-    log_samples(st, step, attempts, played)
-    return step_metrics(step, skills, attempts, played, {**sample_stats, **losses, **clock})
+    log_samples(st, step, window, live, first, logs)
+    record = step_metrics(step, skills, window, live, first, last, clock)
+    if last:
+        st.window = None
+    return record
 
 
-def step_metrics(step: int, skills: list[str], attempts: list[Design], played: list[PlayedEnv],
+def step_metrics(step: int, skills: list[str], window: Window, live: list[PlayedEnv], first: bool, last: bool,
                  extra: dict) -> dict:
-    """The metrics.jsonl record of one step (glossary in the README)."""
+    """The metrics.jsonl record of one step (glossary in the README). Designer numbers appear at a window's
+    first step (attempts) and last step (rewards); R_hint and regret at its first step (the hinted plays)."""
+    attempts = window.attempts if first else []
     reasons = Counter(d.verdict.reason for d in attempts if not d.verdict.valid)
-    episodes = [ep for e in played for ep in e.unhinted + e.hinted]
+    episodes = [ep for e in live for ep in e.episodes]
     failures = Counter(ep.failure for ep in episodes if ep.failure)
-    scored = [e for e in played if not e.scores.get("hung")]
-    designed = [e for e in played if e.design is not None]
+    scored = [e for e in live if not e.hung]
+    designed = [e for e in window.envs if e.design is not None] if last else []
+    solved = [ep for ep in episodes if ep.terminated]
+    at_first = scored if first else []
+    r_nohint = [mean(e.unhinted[-1]) for e in scored]
+    r_hint = [mean(e.hinted) if e.hinted else mean(e.unhinted[0]) for e in at_first]
     return {
-        "step": step, "skills": skills,
+        "step": step, "skills": skills, "window/start": window.start, "window/length": window.length,
         "designer/attempts": len(attempts),
         "designer/valid_rate": sum(d.verdict.valid for d in attempts) / len(attempts) if attempts else None,
         "designer/rejections": dict(reasons),
         "designer/reward_mean": mean(e.scores["designer_reward"] for e in designed) if designed else None,
-        "env/count": len(played),
-        "env/hung": sum(bool(e.scores.get("hung")) for e in played),
-        "env/regret": mean(e.scores["regret"] for e in scored) if scored else None,
-        "agent/return_nohint": mean(e.scores["r_nohint"] for e in scored) if scored else None,
-        "agent/return_hint": mean(e.scores["r_hint"] for e in scored) if scored else None,
-        "agent/win_rate": mean(e.scores["win_rate"] for e in scored) if scored else None,
+        "env/count": len(live),
+        "env/hung": sum(e.hung for e in live),
+        "env/regret": mean(h - mean(e.unhinted[0]) for h, e in zip(r_hint, at_first)) if at_first else None,
+        "agent/return_nohint": mean(r_nohint) if scored else None,
+        "agent/return_hint": mean(r_hint) if at_first else None,
+        "agent/win_rate": mean(mean(r > 0 for r in e.unhinted[-1]) for e in scored) if scored else None,
         "agent/turns_mean": mean(ep.turns for ep in episodes) if episodes else None,
+        "env/turns_to_solve": mean(ep.turns for ep in solved) if solved else None,
+        "env/one_turn_share": mean(any(ep.terminated and ep.turns == 1 for ep in e.episodes)
+                                   for e in live) if live else None,
         "sandbox/timeouts": reasons["timeout"] + failures["timeout"],
         "sandbox/memory_kills": reasons["memory"] + failures["memory"],
         "sandbox/forbidden": reasons["forbidden"] + failures["forbidden"],
@@ -634,20 +742,24 @@ def step_metrics(step: int, skills: list[str], attempts: list[Design], played: l
     }
 
 
-def log_samples(st: State, step: int, attempts: list[Design], played: list[PlayedEnv]) -> None:
-    """samples.jsonl: every designer attempt with its verdict, every environment with hint and scores, and the
-    first `episodes_logged` episodes in full."""
-    for d in attempts:
+def log_samples(st: State, step: int, window: Window, live: list[PlayedEnv], first: bool, logs: list) -> None:
+    """samples.jsonl: every designer attempt with its verdict (first step), the window's score input and
+    output and every environment with hint and scores (last step), the first `episodes_logged` episodes."""
+    for d in window.attempts if first else []:
         st.run.log_sample(dict(step=step, kind="design", slot=d.slot, attempt=d.attempt, skill=d.skill,
                                doc=d.doc, text=d.text, code=d.code, verdict=d.verdict.to_json()))
-    for e in played:
-        st.run.log_sample(dict(step=step, kind="env", env_id=e.env_id, skill=e.skill, hint=e.hint, **e.scores))
-    # round-robin over environments (unhinted play i, then hinted play i), so every environment shows one first
-    order = [(e, ep) for i in range(max(st.cfg.plays, st.cfg.hinted_plays))
-             for e in played for ep in (e.unhinted[i:i + 1] + e.hinted[i:i + 1])]
-    for e, ep in order[:st.cfg.episodes_logged]:
-        st.run.log_sample(dict(step=step, kind="episode", env_id=e.env_id, hinted=ep.spec.hint is not None,
-                               seed=ep.spec.seed, reward=ep.reward, turns=ep.turns, terminated=ep.terminated,
+    for record in logs:
+        st.run.log_sample(dict(step=step, **record))
+    for e in window.envs if logs else []:
+        st.run.log_sample(dict(step=step, kind="env", env_id=e.env_id, skill=e.skill, hint=e.hint, hung=e.hung,
+                               **e.stats, **e.scores))
+    # round-robin over environments (play i unhinted, then hinted), so every environment shows one first
+    order = sorted((ep for e in live for ep in e.episodes), key=lambda ep: (ep.spec.key[2], ep.spec.key[0],
+                                                                            ep.spec.key[1]))
+    for ep in order[:st.cfg.episodes_logged]:
+        st.run.log_sample(dict(step=step, kind="episode", env_id=live[ep.spec.key[0]].env_id,
+                               hinted=ep.spec.hint is not None, seed=ep.spec.seed, reward=ep.reward,
+                               turns=ep.turns, terminated=ep.terminated, truncated=ep.truncated,
                                failure=ep.failure, transcript=ep.transcript))
 
 
@@ -657,7 +769,7 @@ def print_step(record: dict) -> None:
         return "-" if value is None else fmt.format(value)
     print(f"step {record['step']:>4} | valid {f('designer/valid_rate')} of {record['designer/attempts']} "
           f"| envs {record['env/count']} | R_nohint {f('agent/return_nohint')} R_hint {f('agent/return_hint')} "
-          f"regret {f('env/regret', '{:+.2f}')} | loss {f('loss/policy', '{:.4f}')} "
+          f"regret {f('env/regret', '{:+.2f}')} | grad {f('loss/grad_norm', '{:.3f}')} "
           f"| {record['perf/step_s']:.0f}s", flush=True)
 
 
@@ -674,8 +786,10 @@ def save_checkpoint(st: State, step: int) -> None:
     fault_point("checkpoint", step)
     torch.save(st.optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+    st.memory.save()                   # subtle: before a window's first end there is no memory.json yet
     shutil.copyfile(st.run.memory, tmp / "memory.json")
-    envs.write_atomic(tmp / "state.json", json.dumps({"step": step, "mu_slow": st.mu_slow}) + "\n")
+    window = st.window.to_json() if st.window else None   # a window still open: its programs and outcomes
+    envs.write_atomic(tmp / "state.json", json.dumps({"step": step, "mu_slow": st.mu_slow, "window": window}) + "\n")
     for f in tmp.iterdir():            # the rename below must never publish half-written files
         with open(f, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -691,7 +805,9 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
     try:
         spade_mini.load_adapter(st.model, ckpt)
         st.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
-        st.mu_slow = json.loads((ckpt / "state.json").read_text())["mu_slow"]
+        state = json.loads((ckpt / "state.json").read_text())
+        st.mu_slow = state["mu_slow"]
+        st.window = Window.from_json(state["window"]) if state.get("window") else None
     except Exception as err:            # a truncated or foreign file: say which checkpoint, not a traceback
         raise ConfigError(f"--resume: checkpoint {ckpt} is unreadable ({type(err).__name__}: {err})") from err
     shutil.copyfile(ckpt / "memory.json", st.run.memory)
@@ -783,10 +899,74 @@ def cmd_validate(path: str, as_json: bool, timeout: float) -> int:
     print(f"{path}: {'valid' if verdict.valid else 'rejected'} ({verdict.reason})"
           + (f" class {verdict.class_name}" if verdict.class_name else "") + (f": {verdict.detail}" if verdict.detail else ""))
     for name, ok in verdict.checks.items():
-        print(f"  {'ok  ' if ok else 'FAIL'} {name}")
+        print(f"  {'skip' if ok is None else 'ok  ' if ok else 'FAIL'} {name}")
     if as_json:
         print(json.dumps(result))
     return 0 if verdict.valid else 1
+
+
+def check_score_input(data) -> dict:
+    """The input of `spade-mini score` (README "Checking another implementation"), checked field by field;
+    ConfigError names the first bad one. Returns it with the optional fields filled in."""
+    def fail(where: str, what: str):
+        raise ConfigError(f"score input: {where} must be {what}")
+
+    def numbers(value, where: str) -> list:
+        if not (isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                and math.isfinite(x) for x in value)):
+            fail(where, "a list of finite numbers")
+        return value
+
+    if not isinstance(data, dict):
+        fail("the file", "a JSON object")
+    if data.get("variant") not in regret.DESIGNER_REWARDS:
+        fail("variant", "one of " + ", ".join(regret.DESIGNER_REWARDS))
+    if type(data.get("window")) is not int or data["window"] < 1:
+        fail("window", "an integer >= 1")
+    mu = data.get("mu_slow") or {}
+    if not isinstance(mu, dict) or not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                                           for v in mu.values()):
+        fail("mu_slow", "an object of skill -> number or null")
+    if not (isinstance(data.get("envs"), list) and data["envs"]):
+        fail("envs", "a non-empty list")
+    out = []
+    for k, e in enumerate(data["envs"]):
+        where = f"envs[{k}]"
+        if not (isinstance(e, dict) and isinstance(e.get("skill"), str)):
+            fail(f"{where}.skill", "a string")
+        if not isinstance(e.get("hung", False), bool):
+            fail(f"{where}.hung", "true or false")
+        steps = e.get("unhinted")
+        if not (isinstance(steps, list) and 1 <= len(steps) <= data["window"]):
+            fail(f"{where}.unhinted", f"a list of 1 to {data['window']} lists (one per step of the window)")
+        steps = [numbers(x, f"{where}.unhinted[{i}]") for i, x in enumerate(steps)]
+        trained = e.get("trained", [[True] * len(x) for x in steps])
+        if not (isinstance(trained, list) and len(trained) == len(steps)
+                and all(isinstance(t, list) and len(t) == len(x) and all(isinstance(b, bool) for b in t)
+                        for t, x in zip(trained, steps))):
+            fail(f"{where}.trained", "lists of true/false shaped like unhinted")
+        out.append(dict(skill=e["skill"], hung=e.get("hung", False), unhinted=steps, trained=trained,
+                        hinted=numbers(e.get("hinted", []), f"{where}.hinted")))
+    return {"variant": data["variant"], "window": data["window"], "mu_slow": {k: v for k, v in mu.items()},
+            "envs": out}
+
+
+def cmd_score(path: str) -> int:
+    """`spade-mini score FILE.json`: the designer rewards and both roles' advantages of one window of outcomes,
+    computed by regret.score_window (the function the training loop calls); the last stdout line is JSON."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as err:
+        raise ConfigError(f"{path}: not JSON ({type(err).__name__})") from None
+    given = check_score_input(data)
+    out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"])
+    for k, e in enumerate(out["envs"]):
+        print(f"env {k}: r_hint {e['r_hint']:.4f} r_nohint {e['r_nohint']:.4f} regret {e['regret']:+.4f} "
+              f"w {e['w']:.4f} reward {e['designer_reward']:.4f} advantage {e['designer_advantage']:+.4f}")
+    print(json.dumps(out))
+    return 0
 
 
 def read_program(path: str, limit: int = 1_000_000) -> str | None:
@@ -883,6 +1063,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--actions", default="", help="file with one action per line (non-interactive)")
     p.add_argument("--max-turns", type=int, default=12, help="turn cap")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per environment call")
+    p = sub.add_parser("score", help="rewards and advantages of one window of outcomes (conformance check)")
+    p.add_argument("file", help="a JSON file of outcomes (format in the README)")
     # eval and report parse their own flags (evaluate.eval_main, report.report_main): main passes them on
     sub.add_parser("eval", add_help=False, help="held-out evaluation: reasoning-gym and an environment pool")
     sub.add_parser("report", add_help=False, help="write RUN_DIR/report/index.html: plots and environments")
@@ -905,6 +1087,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command == "validate":
             return cmd_validate(args["file"], args["json"], args["timeout"])
+        if command == "score":
+            return cmd_score(args["file"])
         if command == "play":
             return cmd_play(args["file"], args["seed"], args["actions"], args["max_turns"], args["timeout"])
         train(config_from_args(args))

@@ -41,7 +41,9 @@ def test_sigkill_then_resume_leaves_valid_files_and_every_step_once(tmp_path, po
     assert {r["step"] for r in samples} <= {0, 1}
     assert len(samples) == len((out / "samples.jsonl").read_text().splitlines())
     memory = json.loads((out / "memory.json").read_text())
-    assert isinstance(memory, dict)
+    ids = [r["env_id"] for r in memory["records"]]       # one record per designed environment, none twice
+    assert len(ids) == len(set(ids))
+    assert set(ids) == {s["env_id"] for s in samples if s["kind"] == "env" and s["skill"] not in ("pool", "backfill")}
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000", "step_00001"]
     if use_pool:
         assert sorted(p.name for p in (out / "envs").iterdir()) == ["step_00000", "step_00001"]

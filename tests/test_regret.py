@@ -66,6 +66,66 @@ def test_unknown_variant_is_a_clear_error():
         regret.designer_reward("minimax", 0.5, 0.5, 0.5)
 
 
+def test_learning_potential_pools_a_skill_before_scoring_in_any_order():
+    """Two environments of one skill, no history, w = 0.2 and 0.8 (one play each): pooled = 0.5, mu = 0.5,
+    both rewards |w - 0.5| = 0.3 in either order (updating env by env gave [0.3, 0.555])."""
+    def rewards(ws):
+        given = [{"skill": "A", "hinted": [], "unhinted": [[w]]} for w in ws]
+        return [e["designer_reward"] for e in regret.score_window("learning_potential", given, {}, 1)["envs"]]
+    assert rewards([0.2, 0.8]) == pytest.approx([0.3, 0.3])
+    assert rewards([0.8, 0.2]) == pytest.approx([0.3, 0.3])
+
+
+def test_slow_mean_is_updated_first_with_the_pooled_window_mean():
+    """Prior 0.4, pooled over a 2-step window [[0, 1], [1, 1]] = 0.75: mu = 0.15 * 0.4 + 0.85 * 0.75 = 0.6975,
+    and learning_potential reads it: |0.75 - 0.6975| = 0.0525. A hung environment changes no mean."""
+    given = [{"skill": "A", "unhinted": [[0, 1], [1, 1]]}, {"skill": "A", "hung": True, "unhinted": [[0, 0]]}]
+    out = regret.score_window("learning_potential", given, {"A": 0.4}, 2)
+    assert out["mu_slow"]["A"] == pytest.approx(0.6975)
+    assert out["envs"][0]["designer_reward"] == pytest.approx(0.0525)
+    assert out["envs"][1]["designer_reward"] == regret.HANG_PENALTY
+
+
+def test_scale_counts_plays_not_trained_samples():
+    """4 environments x 4 plays, 3 of them flat: S stays min(16 * 1 / 4, 50) = 4 (counting trained samples
+    gave 1, and 1/4 when all are flat). The non-flat env's designer advantage is (0.5 - 0.125) * 4 = 1.5."""
+    flat = {"skill": "A", "hinted": [0, 0, 0, 0], "unhinted": [[0, 0, 0, 0]]}
+    given = [{"skill": "A", "hinted": [1, 1, 1, 1], "unhinted": [[0, 1, 0, 1]]}] + [flat] * 3
+    out = regret.score_window("regret", given, {}, 1)
+    assert out["scale"] == 4.0
+    assert out["envs"][0]["designer_advantage"] == pytest.approx(1.5)
+    assert regret.score_window("regret", [flat] * 4, {}, 1)["scale"] == 4.0
+
+
+def test_score_window_matches_timing_and_pools_w_over_the_window():
+    """Window of 2 steps, unhinted [[0, 0], [0, 1]]: r_nohint = mean of step 0 only = 0 (matched timing with
+    the hints), r_hint = 0.5, regret 0.5; w = mean of all four = 0.25, win rate 1/4; step 0 ties (0, 0),
+    step 1 gives [-1, 1]; S = min(2 * 2 / 1, 50) = 4. With [[0, 0], [1, 1]]: w = 0.5, so
+    blend = 0.4 * clip(0.5 / 0.15) + 0.6 * plateau(0.5) = 1.0, win rate 2/4, both steps tie."""
+    given = [{"skill": "A", "hinted": [0, 1], "unhinted": [[0, 0], [0, 1]]}]
+    out = regret.score_window("blend", given, {}, 2)
+    (e,) = out["envs"]
+    assert (e["r_nohint"], e["r_hint"], e["regret"], e["w"], e["win_rate"]) == (0.0, 0.5, 0.5, 0.25, 0.25)
+    assert e["agent_advantages"][0] == [0.0, 0.0] and e["agent_advantages"][1] == pytest.approx([-1, 1])
+    assert out["scale"] == 4.0
+    given = [{"skill": "A", "hinted": [0, 1], "unhinted": [[0, 0], [1, 1]]}]
+    (e,) = regret.score_window("blend", given, {}, 2)["envs"]
+    assert e["w"] == 0.5 and e["designer_reward"] == pytest.approx(1.0) and e["win_rate"] == 0.5
+    assert e["agent_advantages"] == [[0.0, 0.0], [0.0, 0.0]]
+
+
+def test_score_window_without_hinted_plays_has_zero_regret():
+    (e,) = regret.score_window("regret", [{"skill": "A", "unhinted": [[0, 1]]}], {}, 1)["envs"]
+    assert e["r_hint"] == e["r_nohint"] == 0.5 and e["regret"] == 0.0
+
+
+def test_hung_environment_gets_the_penalty_and_no_agent_advantage():
+    given = [{"skill": "A", "hung": True, "hinted": [1], "unhinted": [[0, 1]]}, {"skill": "A", "unhinted": [[0, 0]]}]
+    out = regret.score_window("regret", given, {}, 1, hang_penalty=-0.5)
+    assert out["envs"][0]["designer_reward"] == -0.5 and out["envs"][0]["agent_advantages"] == [[0.0, 0.0]]
+    assert out["envs"][0]["designer_advantage"] == pytest.approx((-0.5 - -0.25) * 2)
+
+
 def test_update_slow_mean_step():
     """0.15 * 0.2 + 0.85 * 0.6 = 0.54; then 0.15 * 0.54 + 0.85 * 0 = 0.081."""
     mu = regret.update_slow_mean(0.2, 0.6)
@@ -81,25 +141,38 @@ def test_agent_advantages_zscore():
 
 
 def test_agent_advantages_constant_group_is_zero():
-    assert regret.agent_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+    """0.1 * 3 / 3 is not exactly 0.1 in floating point: ties are zero by rule, not by round-off."""
+    assert regret.agent_advantages([0.1, 0.1, 0.1]) == [0.0, 0.0, 0.0]
     assert regret.agent_advantages([]) == []
 
 
+def test_a_play_without_tokens_leaves_the_z_score_group():
+    """[-1, 0, 0, 0] with the -1 untrained (its environment failed to start): the three trained plays tie,
+    so every advantage is 0, not +0.577 for three identical outcomes. [-1, 0, 1, 0] likewise scores only
+    [0, 1, 0]: mean 1/3, std 0.4714 -> -0.7071, +1.4142, -0.7071."""
+    assert regret.agent_advantages([-1, 0, 0, 0], [False, True, True, True]) == [0.0] * 4
+    assert regret.agent_advantages([-1, 0, 1, 0], [False, True, True, True]) == pytest.approx(
+        [0.0, -0.70711, 1.41421, -0.70711], abs=1e-5)
+
+
 def test_designer_advantages_center_per_skill_and_scale():
-    """4 envs, 400 agent samples: S = min(400 / 4, 50) = 50. Skill A [1, 0] mean 0.5 -> +-0.5 * 50 = +-25;
-    skill B [0.3, 0.1] mean 0.2 -> +-0.1 * 50 = +-5. No std division."""
-    adv = regret.designer_advantages([1.0, 0.0, 0.3, 0.1], ["A", "A", "B", "B"], 400)
+    """S = 50. Skill A [1, 0] mean 0.5 -> +-0.5 * 50 = +-25; skill B [0.3, 0.1] mean 0.2 -> +-0.1 * 50 = +-5.
+    No std division."""
+    adv = regret.designer_advantages([1.0, 0.0, 0.3, 0.1], ["A", "A", "B", "B"], 50.0)
     assert adv == pytest.approx([25.0, -25.0, 5.0, -5.0])
 
 
-def test_designer_advantages_scale_below_cap():
-    """2 envs, 6 agent samples: S = 6 / 2 = 3; [0.4, 0.0] same skill, mean 0.2 -> [0.6, -0.6]."""
-    assert regret.designer_advantages([0.4, 0.0], ["A", "A"], 6) == pytest.approx([0.6, -0.6])
+def test_designer_scale_is_plays_times_window_over_envs_capped_at_50():
+    """min(n_RA * R / n_ED, 50): 2 envs x 3 plays, R = 1 -> 6 / 2 = 3; the paper's 192 * 4 / 24 = 32;
+    400 / 2 = 200 -> 50."""
+    assert regret.designer_scale(6, 1, 2) == 3.0
+    assert regret.designer_scale(192, 4, 24) == 32.0
+    assert regret.designer_scale(400, 1, 2) == 50.0
 
 
 def test_designer_advantages_length_mismatch_raises():
     with pytest.raises(ValueError):
-        regret.designer_advantages([0.1], ["A", "B"], 4)
+        regret.designer_advantages([0.1], ["A", "B"], 4.0)
 
 
 def test_zero_variance_fraction():

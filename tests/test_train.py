@@ -31,7 +31,7 @@ class EchoEnv:
 
 TINY = ["--model", "tiny-random", "--envs-per-step", "2", "--design-attempts", "1", "--plays", "3",
         "--hinted-plays", "2", "--max-turns", "2", "--designer-max-new-tokens", "24", "--hint-max-new-tokens",
-        "8", "--agent-max-new-tokens", "8", "--agent-max-episode-tokens", "16", "--doc-words", "50"]
+        "8", "--agent-max-new-tokens", "24", "--agent-max-episode-tokens", "48", "--doc-words", "50"]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,10 @@ def test_train_two_steps_writes_the_run_directory(tmp_path):
             assert key in r
     kinds = {json.loads(line)["kind"] for line in (out / "samples.jsonl").read_text().splitlines()}
     assert "design" in kinds
-    assert json.loads((out / "memory.json").read_text()) is not None
+    memory = json.loads((out / "memory.json").read_text())
+    designed = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    designed = {r["env_id"] for r in designed if r["kind"] == "env" and r["skill"] not in ("pool", "backfill")}
+    assert sorted(r["env_id"] for r in memory["records"]) == sorted(designed)
     ckpt = out / "checkpoints" / "step_00001"
     assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
 
@@ -144,8 +147,8 @@ def test_a_hanging_environment_is_counted_and_does_not_stop_the_run(tmp_path, po
     (hostile / "echo.py").write_text(ECHO_ENV)
     (hostile / "late_hang.py").write_text(LATE_HANG_ENV)
     out = tmp_path / "run"
-    argv = ["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(hostile), "--plays", "4",
-            "--call-timeout", "1"]
+    argv = ["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(hostile), "--plays", "6",
+            "--call-timeout", "1", "--agent-max-new-tokens", "48", "--agent-max-episode-tokens", "144"]
     assert train.main(argv) == 0
     (step,) = [r for r in records(out) if "step" in r]
     assert step["env/hung"] == 1 and step["sandbox/timeouts"] >= 1

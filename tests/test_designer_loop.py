@@ -1,0 +1,214 @@
+"""The designer half of the loop, exercised: a scripted designer (known valid and invalid programs for designer
+prompts) with the real code path for everything else (tiny random agent, sandbox, scoring, memory, update),
+over two regeneration windows of two steps each, and a resume in the middle of a window."""
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import spade_mini as sm
+import train
+
+# The agent wins when the length of its action has the parity of the seed: about half of random replies, so
+# win rates sit inside the memory's positive band. solution() knows the parity.
+PARITY_ENV = '''
+class ParityEnv:
+    """Reply with an action of the right parity."""
+    def __init__(self, max_turns=12):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.seed, self.turn = seed or 0, 0
+        return "Say something inside \\\\boxed{}; its length decides.", {}
+    def step(self, action):
+        self.turn += 1
+        won = len(action) % 2 == self.seed % 2
+        return ("won" if won else "lost"), float(won), True, False, {}
+    def solution(self):
+        return "\\\\boxed{12}" if self.seed % 2 == 0 else "\\\\boxed{1}"
+'''
+# Wins when the length is (seed + 1) modulo 3: about a third of random replies.
+THIRDS_ENV = '''
+class ThirdsEnv:
+    """Reply with an action of the right length modulo 3."""
+    def __init__(self, max_turns=12):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.target = ((seed or 0) + 1) % 3
+        return "Say something inside \\\\boxed{}; its length modulo 3 decides.", {}
+    def step(self, action):
+        won = len(action) % 3 == self.target
+        return ("won" if won else "lost"), float(won), True, False, {}
+    def solution(self):
+        return "\\\\boxed{" + "12345"[:1 + self.target] + "}"
+'''
+# Only the seed itself wins: a random agent never does (w = 0, designer reward 0 under blend).
+SEED_ENV = '''
+class SeedEnv:
+    """Name the seed."""
+    def __init__(self, max_turns=12):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.seed = seed or 0
+        return "Name the hidden number inside \\\\boxed{}.", {}
+    def step(self, action):
+        won = action == "\\\\boxed{%d}" % self.seed
+        return ("won" if won else "lost"), float(won), True, False, {}
+    def solution(self):
+        return "\\\\boxed{%d}" % self.seed
+'''
+INVALID = "class BrokenEnv(:\n    pass"
+
+
+def answer(code: str) -> str:
+    return f"Here is my game.\n```python\n{code}\n```\n"
+
+
+class ScriptedDesigner:
+    """Designer prompts get scripted answers, by attempt: [valid, invalid] for the two slots, then [valid]
+    for the slot still empty (ThirdsEnv in the first window, SeedEnv in the second). Every other prompt goes to the real model. Records prompts and update calls."""
+
+    def __init__(self, monkeypatch, fail_at: tuple | None = None):
+        self.real_generate, self.real_update = sm.generate, sm.update
+        self.designer_prompts, self.updates = [], []
+        monkeypatch.setattr(sm, "generate", self.generate)
+        monkeypatch.setattr(sm, "update", self.update)
+        if fail_at:                      # a crash at one fault point of one step (as a SIGKILL would stop it)
+            real_fault = train.fault_point
+
+            def fault(name, step):
+                if (name, step) == fail_at:
+                    raise RuntimeError(f"crash at {name}:{step}")
+                real_fault(name, step)
+            monkeypatch.setattr(train, "fault_point", fault)
+
+    def generate(self, model, tok, prompts, **kw):
+        texts = [tok.decode(p) for p in prompts]
+        if not any("You are an Environment Designer" in t for t in texts):
+            return self.real_generate(model, tok, prompts, **kw)
+        self.designer_prompts.append(texts)
+        second = THIRDS_ENV if len(self.designer_prompts) <= 2 else SEED_ENV   # window 0, then window 2
+        script = [answer(PARITY_ENV), answer(INVALID)] if len(prompts) == 2 else [answer(second)]
+        return [sm.Completion(p, tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], a, True)
+                for p, a in zip(prompts, script)]
+
+    def update(self, model, optimizer, samples, **kw):
+        self.updates.append(list(samples))
+        return self.real_update(model, optimizer, samples, **kw)
+
+
+ARGS = ["--model", "tiny-random", "--skills", "Optimization", "--envs-per-step", "2", "--design-attempts", "2",
+        "--plays", "4", "--hinted-plays", "2", "--max-turns", "2", "--hint-max-new-tokens", "8",
+        "--agent-max-new-tokens", "32", "--agent-max-episode-tokens", "64", "--doc-words", "40", "--backfill", "",
+        "--regen-interval", "2", "--steps", "4", "--designer-reward", "blend"]
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def steps(run: Path) -> list[dict]:
+    return [r for r in lines(run / "metrics.jsonl") if "step" in r]
+
+
+@pytest.fixture(scope="module")
+def designed_run(tmp_path_factory):
+    """Four steps, two windows of two, with the scripted designer: (run directory, the stand-in)."""
+    out = tmp_path_factory.mktemp("designer") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        designer = ScriptedDesigner(mp)
+        assert train.main(["train", *ARGS, "--out", str(out)]) == 0
+    return out, designer
+
+
+def test_valid_programs_are_designed_at_each_window_start(designed_run):
+    run, _ = designed_run
+    metrics = steps(run)
+    assert [r["window/start"] for r in metrics] == [0, 0, 2, 2]
+    assert [r["designer/attempts"] for r in metrics] == [3, 0, 3, 0]   # 2 slots, the invalid one retried
+    assert metrics[0]["designer/valid_rate"] == pytest.approx(2 / 3)
+    assert metrics[0]["designer/rejections"] == {"syntax": 1}
+
+
+def test_memory_holds_one_record_per_designed_environment_with_every_field(designed_run):
+    run, _ = designed_run
+    memory = json.loads((run / "memory.json").read_text())["records"]
+    assert [r["env_id"] for r in memory] == ["env_00000_00", "env_00000_01", "env_00002_00", "env_00002_01"]
+    for r in memory:
+        assert set(r) >= {"env_id", "file", "skill", "code", "win_rate", "regret", "r_hint", "r_nohint", "w",
+                          "step", "hung"}
+        assert Path(r["file"]).read_text() == r["code"] and r["skill"] == "Optimization"
+        assert r["step"] in (0, 2) and r["hung"] is False
+
+
+def test_a_later_designer_prompt_carries_positives_from_memory(designed_run):
+    run, designer = designed_run
+    memory = json.loads((run / "memory.json").read_text())["records"]
+    assert any(0.15 <= r["win_rate"] <= 0.85 for r in memory[:2])       # the first window made a positive
+    first, later = designer.designer_prompts[0], designer.designer_prompts[2]
+    assert not any("Past environments of this skill" in t for t in first)
+    assert any("Past environments of this skill" in t and "env_00000_0" in t for t in later)
+
+
+def test_designer_samples_train_only_at_window_ends(designed_run):
+    run, designer = designed_run
+    assert [r["loss/samples_designer"] > 0 for r in steps(run)] == [False, True, False, True]
+    roles = [{s.role for s in samples} for samples in designer.updates]
+    assert ["designer" in r for r in roles] == [False, True, False, True]
+
+
+def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advantages(designed_run, tmp_path):
+    run, designer = designed_run
+    windows = [r for r in lines(run / "samples.jsonl") if r["kind"] == "window"]
+    assert [w["step"] for w in windows] == [1, 3] and all(w["designed"] for w in windows)
+    for w, update_index in zip(windows, (1, 3)):
+        (tmp_path / "window.json").write_text(json.dumps(w["input"]))
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert train.main(["score", str(tmp_path / "window.json")]) == 0
+        assert json.loads(buf.getvalue().strip().splitlines()[-1]) == w["output"]
+        scored = [e["designer_advantage"] for e in w["output"]["envs"] if e["designer_advantage"] != 0]
+        trained = [s.advantage for s in designer.updates[update_index] if s.role == "designer"]
+        assert trained == scored and trained
+        # the agent samples of the window's last step carry score's agent advantages (step k = 1)
+        agent = sorted(s.advantage for s in designer.updates[update_index] if s.role == "agent")
+        logged = sorted(a for e in w["output"]["envs"] for a in e["agent_advantages"][1] if a != 0)
+        assert agent == pytest.approx(logged)
+
+
+def test_designer_samples_have_a_nonzero_lora_gradient(designed_run):
+    _, designer = designed_run
+    samples = [s for s in designer.updates[1] if s.role == "designer"]
+    model, _, _ = sm.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    model.zero_grad()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    out = sm.update(model, optimizer, samples, temperature=0.7, token_budget=4096, max_grad_norm=1e9)
+    assert out["grad_norm"] > 0 and out["samples"] == len(samples) > 0
+
+
+def test_a_resume_in_the_middle_of_a_window_gives_the_uninterrupted_metrics(designed_run, tmp_path, monkeypatch):
+    """Killed during step 3's play (the window opened at step 2, checkpointed after step 2), then resumed:
+    the window's programs, hints and outcomes come back from the checkpoint, and every step's numbers match."""
+    run, _ = designed_run
+    out = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        ScriptedDesigner(mp, fail_at=("play", 3))
+        with pytest.raises(RuntimeError, match="crash at play:3"):
+            train.main(["train", *ARGS, "--out", str(out)])
+    state = json.loads((out / "checkpoints" / "step_00002" / "state.json").read_text())
+    assert state["window"]["start"] == 2 and len(state["window"]["envs"]) == 2
+    with pytest.MonkeyPatch.context() as mp:
+        designer = ScriptedDesigner(mp)
+        assert train.main(["train", "--resume", str(out), "--steps", "4"]) == 0
+    assert designer.designer_prompts == []                # the window was not designed again
+    def numbers(r):
+        return {k: v for k, v in r.items() if not k.startswith("perf/")}
+    resumed, uninterrupted = steps(out), steps(run)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    for a, b in zip(resumed, uninterrupted):
+        assert numbers(a).keys() == numbers(b).keys()
+        for k, v in numbers(a).items():
+            assert v == (pytest.approx(numbers(b)[k]) if isinstance(v, float) else numbers(b)[k]), (a["step"], k)

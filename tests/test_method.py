@@ -1,0 +1,257 @@
+"""The method as SPADE_METHOD.md states it, one finding of the audit per test: each failed on the code before
+the fix (cut replies played, max_turns imposed, the base class taken for the game, documents cut three times,
+hints at the agent's temperature, hung environments forgotten, env ids repeated, a list of ints from
+solution() crashing the statistics, no trivial/unsolvable checks, thinking not parsed)."""
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+
+import envs
+import sandbox
+import spade_mini as sm
+import train
+
+GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+
+WIN_ANY_ENV = '''
+class WinAnyEnv:
+    def __init__(self, max_turns=12):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        return "Say anything in \\\\boxed{}.", {}
+    def step(self, action):
+        return "you win", 1.0, True, False, {}
+'''
+
+# Declares 3 turns of its own; never terminates.
+THREE_TURNS_ENV = '''
+class ThreeEnv:
+    def __init__(self, max_turns=3):
+        self.max_turns, self.turn = max_turns, 0
+    def reset(self, seed=None):
+        self.turn = 0
+        return "Keep going in \\\\boxed{}.", {}
+    def step(self, action):
+        self.turn += 1
+        return f"turn {self.turn}", 0.0, False, self.turn >= self.max_turns, {}
+'''
+
+NO_KEYWORD_ENV = '''
+class PlainEnv:
+    def __init__(self):
+        self.secret = 7
+    def reset(self, seed=None):
+        return "Guess 0-9 in \\\\boxed{}.", {}
+    def step(self, action):
+        won = action == "\\\\boxed{7}"
+        return ("right" if won else "wrong"), float(won), won, False, {}
+    def solution(self):
+        return ["\\\\boxed{7}"]
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    model, tok, _ = sm.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                  gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    return model, tok
+
+
+def test_a_reply_cut_by_the_turn_limit_is_not_played(tiny_model):
+    """Replies of the tiny model are longer than 2 tokens: every one is cut, none reaches the environment
+    (which would pay 1.0 for any action); the episode ends truncated with return 0."""
+    model, tok = tiny_model
+    (ep,) = sm.play(model, tok, [sm.EpisodeSpec(WIN_ANY_ENV, 0, None, (0,))], max_turns=3, max_new_tokens=2,
+                    max_episode_tokens=64, limits=sandbox.Limits(), **GREEDY)
+    assert ep.turns == 0 and ep.reward == 0.0 and ep.truncated and not ep.terminated
+    assert ep.transcript[-1]["cut"] is True and sum(ep.loss_mask) == 2   # its tokens are still in the sample
+
+
+def test_a_finished_reply_is_played(tiny_model):
+    model, tok = tiny_model
+    (ep,) = sm.play(model, tok, [sm.EpisodeSpec(WIN_ANY_ENV, 0, None, (0,))], max_turns=3, max_new_tokens=64,
+                    max_episode_tokens=64, limits=sandbox.Limits(), **GREEDY)
+    assert ep.turns == 1 and ep.reward == 1.0 and ep.terminated and not ep.truncated
+
+
+def test_max_turns_is_capped_never_raised():
+    """Its own 3 under a cap of 6 stays 3 (imposing the cap ran 6 turns); a cap of 2 lowers it to 2."""
+    for cap, expected in ((6, 3), (2, 2)):
+        with envs.open_env(THREE_TURNS_ENV, cap) as env:
+            assert env.max_turns == expected
+        result = envs.play_scripted(THREE_TURNS_ENV, ["\\boxed{a}"] * 10, seed=0, max_turns=cap)
+        assert result["turns"] == expected
+
+
+def test_an_environment_without_the_max_turns_keyword_loads_with_its_own_defaults():
+    verdict = envs.validate(NO_KEYWORD_ENV, max_turns=4)
+    assert verdict.valid, verdict
+    assert verdict.max_turns == 4 and verdict.checks["solvable"] is True
+
+
+def test_the_game_is_the_subclass_not_its_base():
+    code = '''
+class Env:
+    def __init__(self, max_turns=12):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        raise NotImplementedError
+
+class MastermindEnv(Env):
+    def reset(self, seed=None):
+        self.secret = (seed or 0) % 10
+        return "Guess a digit in \\\\boxed{}.", {}
+    def step(self, action):
+        won = action == "\\\\boxed{%d}" % self.secret
+        return ("yes" if won else "no"), float(won), won, False, {}
+'''
+    verdict = envs.validate(code)
+    assert verdict.valid and verdict.class_name == "MastermindEnv", verdict
+
+
+def test_common_standard_library_names_are_there_without_an_import():
+    code = '''
+class ForgetfulEnv:
+    def __init__(self, max_turns=12):
+        self.max_turns, self.seen = max_turns, deque(maxlen=3)
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)
+        self.seen.clear()
+        return f"Pick {math.floor(2.5)} numbers in \\\\boxed{{}}.", {}
+    def step(self, action):
+        self.seen.append(action)
+        return "ok", 0.0, False, len(self.seen) >= 3, {}
+'''
+    assert envs.validate(code).valid
+
+
+def test_a_game_the_first_probe_wins_is_trivial():
+    verdict = envs.validate(WIN_ANY_ENV)
+    assert not verdict.valid and verdict.reason == "trivial"
+
+
+def test_a_solution_that_does_not_win_is_unsolvable():
+    wrong = NO_KEYWORD_ENV.replace('return ["\\\\boxed{7}"]', 'return ["\\\\boxed{3}"]')
+    assert wrong != NO_KEYWORD_ENV
+    verdict = envs.validate(wrong)
+    assert not verdict.valid and verdict.reason == "unsolvable", verdict
+
+
+@pytest.mark.parametrize("solution", ['"reach the goal"', "[1, 2]", None])
+def test_without_an_action_sequence_the_solvable_check_is_skipped(solution):
+    """No solution(), a goal description (allowed by the official contract) or a non-action value: skipped,
+    reported as None (`skip`), not failed."""
+    body = "" if solution is None else f"\n    def solution(self):\n        return {solution}\n"
+    verdict = envs.validate(NO_KEYWORD_ENV.split("    def solution")[0] + body)
+    assert verdict.valid and verdict.checks["solvable"] is None, verdict
+
+
+def test_a_solution_of_ints_does_not_crash_the_statistics():
+    code = NO_KEYWORD_ENV.replace('return ["\\\\boxed{7}"]', "return [1, 2, 3]")
+    st = SimpleNamespace(cfg=train.Config())
+    played = [train.PlayedEnv("e", "A", code, None, hint="try 1 2 3")]
+    stats = train.environment_stats(st, played)
+    assert played[0].stats["has_solution"] is False and stats["env/hint_leak_rate"] is None
+
+
+def test_the_document_is_cut_once_to_doc_words_keeping_line_breaks(monkeypatch):
+    """7000 words on 700 lines, --doc-words 6500: the prompt holds exactly the first 6500 words, lines intact
+    (the old code also cut at 6000 words and joined the lines with spaces)."""
+    lines = [" ".join(f"w{i * 10 + j}" for j in range(10)) for i in range(700)]
+    seen = []
+    monkeypatch.setattr(sm, "chat_ids", lambda tok, text, thinking=False: seen.append(text) or [1])
+    monkeypatch.setattr(sm, "generate", lambda model, tok, prompts, **kw: [sm.Completion(p, [2], "no code", True)
+                                                                        for p in prompts])
+    cfg = train.Config(doc_words=6500, envs_per_step=1, design_attempts=1)
+    st = SimpleNamespace(cfg=cfg, corpus=["\n".join(lines)], memory=envs.Memory("/nonexistent/m.json"), tok=None,
+                         model=None)
+    train.design(st, 0, ["Optimization"])
+    assert "\n".join(lines[:650]) in seen[0] and "w6500" not in seen[0] and "w6499" in seen[0]
+
+
+def test_hints_are_sampled_at_the_hint_temperature(monkeypatch):
+    temps = []
+    monkeypatch.setattr(sm, "chat_ids", lambda tok, text, thinking=False: [1])
+    monkeypatch.setattr(sm, "generate", lambda model, tok, prompts, **kw: temps.append(kw["temperature"]) or
+                        [sm.Completion(p, [2], "Halve the range.", True) for p in prompts])
+    st = SimpleNamespace(cfg=train.Config(temperature=0.9), tok=None, model=None)
+    played = [train.PlayedEnv("e", "A", NO_KEYWORD_ENV, None)]
+    train.write_hints(st, 0, played)
+    assert temps == [0.3] and played[0].hint == "Halve the range."
+
+
+def test_designer_attempts_default_to_the_methods_five():
+    assert train.Config().design_attempts == 5
+
+
+def test_hung_environments_get_a_marked_memory_record_and_ids_are_unique_across_steps(tmp_path):
+    run = train.Run(tmp_path)
+    st = SimpleNamespace(cfg=train.Config(), run=run, memory=envs.Memory(tmp_path / "memory.json"), mu_slow={})
+    verdict = envs.Verdict(True, "ok", "PlainEnv")
+    for start in (0, 1):
+        design = train.Design(0, 0, "Optimization", "", [1], [2], "", NO_KEYWORD_ENV, verdict)
+        played = [train.PlayedEnv(train.env_id(start, 0), "Optimization", NO_KEYWORD_ENV, design, hung=start == 1,
+                                  hinted=[1.0], unhinted=[[0.0, 1.0]], trained=[[True, True]])]
+        run.env_dir(start).mkdir(parents=True)
+        window = train.Window(start, 1, [design], played)
+        train.score(st, window)
+        train.remember(st, window)
+    records = json.loads((tmp_path / "memory.json").read_text())["records"]
+    assert [r["env_id"] for r in records] == ["env_00000_00", "env_00001_00"]
+    assert [r["hung"] for r in records] == [False, True]
+    assert records[1]["win_rate"] == 0.5 and records[1]["r_hint"] == 1.0
+    assert st.memory.positives("Optimization", random.Random(0)) == [records[0]]   # hung: never a positive
+
+
+def test_thinking_is_rendered_off_by_default_and_parsed_after_the_last_think(tiny_model):
+    _, tok = tiny_model
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n"
+                "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+                "{% endif %}")
+    original, tok.chat_template = tok.chat_template, template
+    try:
+        off = tok.decode(sm.chat_ids(tok, "hi"))
+        on = tok.decode(sm.chat_ids(tok, "hi", thinking=True))
+        frame_off = sm._turn_frame(tok, thinking=False)[1]
+    finally:
+        tok.chat_template = original
+    assert off.endswith("<think>\n\n</think>\n\n") and not on.endswith("</think>\n\n")
+    assert frame_off.endswith("</think>\n\n")      # later turns open the same way
+    reply = "<think>maybe \\boxed{1}, or ```python\nclass AEnv: pass\n```</think>So \\boxed{2}"
+    assert envs.to_action(envs.after_thinking(reply)) == "\\boxed{2}"
+    assert envs.extract_code(envs.after_thinking(reply)) is None
+
+
+def test_score_command_prints_the_worked_example(tmp_path, capsys):
+    given = {"variant": "regret", "window": 1, "mu_slow": {"Optimization": 0.3},
+             "envs": [{"skill": "Optimization", "hung": False, "hinted": [1, 1, 0, 1],
+                       "unhinted": [[0, 1, 0, 0]], "trained": [[True, True, True, False]]}]}
+    path = tmp_path / "window.json"
+    path.write_text(json.dumps(given))
+    assert train.main(["score", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (e,) = out["envs"]
+    assert (e["r_hint"], e["r_nohint"], e["regret"], e["w"], e["win_rate"]) == (0.75, 0.25, 0.5, 0.25, 0.25)
+    assert e["designer_reward"] == 0.5 and e["designer_advantage"] == 0.0 and out["scale"] == 4.0
+    assert e["agent_advantages"][0] == pytest.approx([-0.70711, 1.41421, -0.70711, 0.0], abs=1e-5)
+    assert out["mu_slow"]["Optimization"] == pytest.approx(0.2575)
+
+
+@pytest.mark.parametrize("given, field", [
+    ({"variant": "minimax", "window": 1, "envs": []}, "variant"),
+    ({"variant": "regret", "window": 0, "envs": []}, "window"),
+    ({"variant": "regret", "window": 1, "envs": []}, "envs"),
+    ({"variant": "regret", "window": 1, "envs": [{"skill": "A", "unhinted": [["x"]]}]}, "unhinted[0]"),
+    ({"variant": "regret", "window": 1, "envs": [{"skill": "A", "unhinted": [[0]], "trained": [[1]]}]}, "trained"),
+    ({"variant": "regret", "window": 1, "mu_slow": {"A": "high"}, "envs": [{"skill": "A", "unhinted": [[0]]}]},
+     "mu_slow"),
+])
+def test_score_command_rejects_bad_input_in_one_line(tmp_path, capsys, given, field):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(given))
+    assert train.main(["score", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spade-mini: error:") and field in err and "\n" not in err
