@@ -107,7 +107,7 @@ def _tiny_random(tok, attn: str):
     subtle: a random model practically never samples its stop token (1 in 49k), and a reply cut by the token
     limit is not played, so every multi-turn path would go untested. Hidden dimension 0 is made a constant
     "bias" feature (every embedding carries 3.0 there) that only the stop token's output row reads (weight
-    11): replies end after about 10-20 tokens, sampled or greedy, the rest of the model stays random.
+    14): replies end after about 7-15 tokens, sampled or greedy; the rest of the model stays random.
     """
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -122,7 +122,7 @@ def _tiny_random(tok, attn: str):
         head.copy_(model.get_input_embeddings().weight)
         model.get_input_embeddings().weight[:, 0] = 3.0
         head[:, 0] = 0.0
-        head[tok.eos_token_id, 0] = 11.0
+        head[tok.eos_token_id, 0] = 14.0
     return model
 
 

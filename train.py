@@ -3,19 +3,13 @@
 One model, two roles on the same weights. Each step the Environment Designer writes executable Gym-style
 environments grounded in a real document and in the environment memory; the Reasoning Agent plays every valid
 one P times without and H times with a privileged hint; the designer is rewarded by hint regret (agent return
-with the hint minus without); both roles then share one GRPO-style optimizer step. This file holds the
+with the hint minus without); both roles then share one GRPO-style optimizer step per step. This file holds the
 configuration, the loop and the command line (`spade-mini train|validate|play`); the model mechanics are in
 spade_mini.py, the environment contract in envs.py, the formulas in regret.py, the sandbox in sandbox.py.
 
-Departures from the textbook / the official code, numbered (see README "implementation details"):
-1. One optimizer step per self-play step over both roles' samples (the paper's schedule), LoRA instead of full
-   fine-tuning so it fits one GPU.
-2. Hinted and unhinted play i of an environment share the environment seed (paired comparison, less noise).
-3. Groups whose rewards all tie (zero variance) are dropped before the update: they carry no gradient and would
-   only dilute the 1/B normalization. Their fraction is logged.
-4. Generated code runs only in sandbox.py's child processes; an environment that hangs is dropped for the rest
-   of the step and its designer sample gets `timeout_penalty`.
-5. Every random choice takes a seed derived from (seed, step, role, index), so any step can be regenerated.
+Departures from the paper and the official code: the README's numbered list ("Implementation details"), the one
+place they are written down. With --regen-interval R, environments designed at one step are played for R steps
+and scored at the last (SPADE_METHOD.md, "The regeneration window").
 """
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ def test_validate_accepts_utf8_bytes():
 
 def test_verdict_to_json_has_the_cli_fields():
     out = envs.validate(source("bad_reward_50.py"), LIMITS).to_json()
-    assert {"valid", "reason", "class_name", "checks", "detail"} == set(out)
+    assert {"valid", "reason", "class_name", "checks", "detail", "max_turns"} == set(out)
     assert json.loads(json.dumps(out))["reason"] == "reward_range"
     assert "detail" not in envs.Verdict(True, "ok", "AEnv", {}).to_json()
 
@@ -238,9 +238,11 @@ def test_designer_prompt_is_grounded_and_states_the_contract():
     assert "${" not in prompt
 
 
-def test_designer_prompt_truncates_the_document():
-    prompt = envs.designer_prompt(envs.SKILLS[1], " ".join(f"w{i}" for i in range(10_000)), [], None, max_words=50)
-    assert " w49\n" in prompt and "w50" not in prompt
+def test_designer_prompt_keeps_the_document_as_given():
+    """The caller cuts the document once (train.design, --doc-words); the prompt neither cuts nor reflows it."""
+    doc = "\n".join(" ".join(f"w{i}_{j}" for j in range(10)) for i in range(1000))
+    prompt = envs.designer_prompt(envs.SKILLS[1], doc, [], None)
+    assert doc in prompt
 
 
 def test_designer_prompt_shows_positive_code_truncated_and_negative_by_name_only():
@@ -326,10 +328,10 @@ def test_corrupted_memory_is_kept_aside_with_one_warning(tmp_path, capsys, conte
 # ----------------------------------------------------------------------------------------------------------
 # corpus
 
-def test_bundled_corpus_is_real_docs_deterministic_and_truncated():
-    docs = envs.load_corpus(None, max_words=300)
-    assert len(docs) > 100 and docs == envs.load_corpus(None, max_words=300)
-    assert all(150 <= len(d.split()) <= 300 for d in docs)
+def test_bundled_corpus_is_real_docs_deterministic_and_whole():
+    docs = envs.load_corpus(None)
+    assert len(docs) > 100 and docs == envs.load_corpus(None)
+    assert all(len(d.split()) >= 150 for d in docs) and max(len(d.split()) for d in docs) > 6000
     assert any("sympy" in d.lower() for d in docs) and any("statement" in d for d in docs)
 
 

@@ -8,12 +8,15 @@ import evaluate
 
 WIN_ENV = '''
 class WinEnv:
-    """Any action wins at once: return 1."""
+    """Any action but the validator's first probe wins at once: return 1 (a game that the first probe already
+    won would be rejected as trivial)."""
     def __init__(self, max_turns=12, **kwargs):
         self.max_turns = max_turns
     def reset(self, seed=None):
         return "Say anything in \\\\boxed{}.", {}
     def step(self, action):
+        if action == "\\\\boxed{1}":
+            return "Not that one.", 0.0, False, False, {}
         return "You win.", 1.0, True, False, {}
 '''
 LOSE_ENV = WIN_ENV.replace("WinEnv", "LoseEnv").replace("You win.\", 1.0", "You lose.\", 0.0")
@@ -102,7 +105,7 @@ def test_pool_win_rate_is_share_of_plays_with_positive_return(tiny, tmp_path):
     (tmp_path / "win.py").write_text(WIN_ENV)
     (tmp_path / "lose.py").write_text(LOSE_ENV)
     (tmp_path / "broken.py").write_text("class BrokenEnv(:\n")
-    result = evaluate.pool_win_rate(*tiny, tmp_path, plays=2, max_turns=2, max_new_tokens=4)
+    result = evaluate.pool_win_rate(*tiny, tmp_path, plays=2, max_turns=2, max_new_tokens=64)
     assert result["pool_win_rate"] == 0.5
     assert result["pool_envs"] == {"lose": 0.0, "win": 1.0}
     assert result["pool_skipped"] == {"broken": "syntax"}
@@ -144,7 +147,7 @@ def test_run_without_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 def test_eval_metrics_are_flat_namespaced_keys_for_metrics_jsonl(tiny, tmp_path):
     (tmp_path / "win.py").write_text(WIN_ENV)
-    out = evaluate.eval_metrics(*tiny, limit=1, seed=0, max_new_tokens=4, env_pool=str(tmp_path), pool_plays=2,
+    out = evaluate.eval_metrics(*tiny, limit=1, seed=0, max_new_tokens=64, env_pool=str(tmp_path), pool_plays=2,
                                 max_turns=2)
     expected = {"eval/score", "eval/answered", "eval/pool_win_rate", "perf/eval_s", "perf/eval_pool_s"}
     assert set(out) == expected | {f"eval/{c}" for c in evaluate.CATEGORIES}

@@ -62,7 +62,7 @@ def test_chunked_logprobs_equal_naive(tiny_model):
         chunked = sm.token_logprobs(model, ids, attn, mask, temperature=0.7, chunk_size=7)  # (B, T)
         naive = naive_logprobs(model, ids, attn, mask, temperature=0.7)
     assert chunked.shape == ids.shape
-    torch.testing.assert_close(chunked, naive, atol=1e-5, rtol=1e-6)  # log-probs near -20: float32 sums
+    torch.testing.assert_close(chunked, naive, atol=1e-5, rtol=1e-5)  # log-probs near -20: float32 sums
     assert (chunked[mask == 0] == 0).all()
 
 
@@ -233,7 +233,9 @@ def test_generate_batched_equals_one_at_a_time_greedy(tiny_model):
     batched = sm.generate(model, tok, prompts, **kw)
     single = [sm.generate(model, tok, [p], **kw)[0] for p in prompts]
     assert [c.completion_ids for c in batched] == [c.completion_ids for c in single]
-    assert all(len(c.completion_ids) == 12 and c.prompt_ids == p for c, p in zip(batched, prompts))
+    assert all(c.prompt_ids == p for c, p in zip(batched, prompts))
+    assert all(len(c.completion_ids) == 12 or (c.finished and c.completion_ids[-1] == tok.eos_token_id)
+               for c in batched)
 
 
 def test_generate_sampling_is_seeded_and_leaves_global_rng_alone(tiny_model):

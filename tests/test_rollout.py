@@ -67,7 +67,9 @@ def tiny_model():
     return model, tok
 
 
-def run(model, tok, specs, max_turns=5, max_new_tokens=6, max_episode_tokens=64):
+def run(model, tok, specs, max_turns=5, max_new_tokens=64, max_episode_tokens=256):
+    """note: the tiny model's replies end (stop token) after ~7-20 tokens; a reply cut at max_new_tokens would
+    not be played, so the limit leaves room."""
     return sm.play(model, tok, specs, max_turns=max_turns, max_new_tokens=max_new_tokens,
                    max_episode_tokens=max_episode_tokens, limits=sandbox.Limits(), **GREEDY)
 
@@ -97,7 +99,7 @@ def test_kv_cache_reuse_across_turns_equals_full_recompute(tiny_model):
     episodes must be those of re-reading every sequence from scratch each turn."""
     model, tok = tiny_model
     specs = counter_specs(6)
-    kw = dict(max_turns=4, max_new_tokens=6, max_episode_tokens=64, limits=sandbox.Limits(), **GREEDY)
+    kw = dict(max_turns=4, max_new_tokens=64, max_episode_tokens=256, limits=sandbox.Limits(), **GREEDY)
     reused = sm.play(model, tok, specs, reuse_cache=True, **kw)
     fresh = sm.play(model, tok, specs, reuse_cache=False, **kw)
     assert [as_tuple(e) for e in reused] == [as_tuple(e) for e in fresh]
@@ -138,7 +140,8 @@ def test_episode_sequence_decodes_to_the_rendered_conversation(tiny_model):
     obs = [t["observation"] for t in ep.transcript]
     messages = [{"role": "user", "content": envs.agent_first_message(obs[0], None)}]
     for reply, o in zip(replies[:-1], obs[1:]):  # the last reply ended the episode: no observation follows
-        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": o}]
+        # a finished reply ends in its stop token, which the template writes itself after the content
+        messages += [{"role": "assistant", "content": reply.removesuffix(tok.eos_token)}, {"role": "user", "content": o}]
     rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + replies[-1]
     assert tok.decode(ep.token_ids) == rendered
 
@@ -205,12 +208,13 @@ def test_environment_that_fails_to_start_gets_a_failure_not_a_crash(tiny_model):
 
 
 def test_episode_token_budget_cuts_the_last_reply_and_ends_the_episode(tiny_model):
-    """Goal at turn 3, 8 tokens per reply, 12 generated tokens per episode: turn 1 uses 8, turn 2 is cut to
-    4 and not played, so the episode ends after one step with return 0."""
+    """Goal at turn 3. With an episode budget of (turn 1's reply length + 3) tokens, turn 2's reply is cut to 3
+    tokens and not played: the episode ends after one step, truncated, with return 0."""
     model, tok = tiny_model
-    ep = run(model, tok, [counter_specs(3)[2]], max_new_tokens=8, max_episode_tokens=12)[0]
-    assert sum(ep.loss_mask) == 12 and ep.turns == 1 and ep.reward == 0.0 and not ep.terminated
-    assert ep.loss_mask[-4:] == [1, 1, 1, 1] and ep.failure is None
+    n1 = sum(run(model, tok, [counter_specs(3)[2]], max_turns=1)[0].loss_mask)  # greedy: the same reply again
+    ep = run(model, tok, [counter_specs(3)[2]], max_episode_tokens=n1 + 3)[0]
+    assert sum(ep.loss_mask) == n1 + 3 and ep.turns == 1 and ep.reward == 0.0 and not ep.terminated
+    assert ep.truncated and ep.transcript[-1]["cut"] and ep.loss_mask[-3:] == [1, 1, 1] and ep.failure is None
 
 
 def test_max_turns_truncates_with_return_zero(tiny_model):
@@ -242,7 +246,7 @@ def test_a_hung_environment_is_dropped_for_its_other_plays(tiny_model):
     model, tok = tiny_model
     specs = [sm.EpisodeSpec(HANGING_ENV, 1, None, (0, False, 0)), sm.EpisodeSpec(HANGING_ENV, 2, None, (0, False, 1)),
              sm.EpisodeSpec(COUNTER_ENV, 2, None, (1, False, 0))]
-    hang, sibling, other = sm.play(model, tok, specs, max_turns=5, max_new_tokens=4, max_episode_tokens=64,
+    hang, sibling, other = sm.play(model, tok, specs, max_turns=5, max_new_tokens=64, max_episode_tokens=256,
                                    limits=sandbox.Limits(call_timeout=1.0), **GREEDY)
     assert hang.failure == "timeout" and hang.turns == 1
     assert sibling.failure == "dropped" and sibling.turns == 2     # stopped with its environment, not at max_turns
