@@ -301,7 +301,7 @@ def test_common_stdlib_modules_import_inside_the_sandbox():
 def test_isolation_report_reports_missing_layers(monkeypatch):
     """A machine without unshare runs the weakest launcher and says so, instead of failing open silently."""
     monkeypatch.setattr(sandbox, "_LAUNCH", None)
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, path=None: None)
     report = sandbox.isolation_report()
     assert report["namespaces"] is False and report["mode"] == "none" and "no unshare" in report["why"]
     with EnvProcess(GUESS) as env:   # still works, with the audit hook and rlimits only
