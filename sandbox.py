@@ -154,9 +154,9 @@ def _child_seccomp(program: bytes) -> None:
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
     libc = ctypes.CDLL(None, use_errno=True)
-    filter_ = Program(len(program) // 8, program)
-    # 38 = PR_SET_NO_NEW_PRIVS, 22 = PR_SET_SECCOMP, 2 = SECCOMP_MODE_FILTER
-    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(filter_), 0, 0) != 0:
+    # 38 = PR_SET_NO_NEW_PRIVS, 22 = PR_SET_SECCOMP with 2 = SECCOMP_MODE_FILTER
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)),
+                                                      0, 0) != 0:
         raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
     for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
         del sys.modules[name]
@@ -509,7 +509,9 @@ def _bwrap_options(bwrap: str, home: str, prefix: str, limits: Limits) -> list:
     """bwrap's command line. As root no user namespace is made (one would map the child to uid 0 outside, which
     RLIMIT_NPROC ignores): the child changes to its own uid itself, with the only two capabilities it keeps."""
     argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--as-pid-1", "--new-session"]
+            "--die-with-parent", "--new-session"]
+    # note: not --as-pid-1. bwrap's own init (root, pid 1) keeps the parent-death signal, which the child's
+    # change of uid would clear; when it dies the kernel kills everything in the PID namespace.
     if os.geteuid() == 0:
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
