@@ -214,42 +214,13 @@ def _child_hook(home: str, roots: list, crash_fd: int, os):
     bound below, once, to C functions and exact builtin types; it calls no method of an object env code made;
     and no Python object refers to it (frames do not reach functions, and none of its callers keep it), so its
     checks cannot be patched, reached or switched off."""
-    lstat, readlink, write, exit_ = os.lstat, os.readlink, os.write, os._exit
+    write, exit_ = os.write, os._exit
     str_, bytes_, int_, type_, repr_, errors = str, bytes, int, type, repr, (OSError, ValueError)
     split, join, replace, startswith, encode, decode = \
         str.split, str.join, str.replace, str.startswith, str.encode, bytes.decode
     deny_prefixes, deny_modules, path_events = _child_rules()
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    writes = [0]
-
-    def realpath(path: str) -> str:
-        """'.', '..' and every symlink resolved (posixpath.realpath looks its helpers up at call time)."""
-        todo = split(path if startswith(path, "/") else home + "/" + path, "/")[::-1]
-        done, hops = [], 0
-        while todo:
-            part = todo.pop()
-            if part == "" or part == ".":
-                continue
-            if part == "..":
-                if done:
-                    done.pop()
-                continue
-            done.append(part)
-            candidate = "/" + join("/", done)
-            try:
-                is_link = lstat(candidate).st_mode & 0o170000 == 0o120000
-            except errors:   # ValueError: a NUL byte in the path
-                is_link = False
-            if is_link:
-                hops += 1
-                if hops > 40:
-                    return "/\0loop"   # inside nothing
-                done.pop()
-                target = readlink(candidate)
-                if startswith(target, "/"):
-                    done.clear()
-                todo.extend(split(target, "/")[::-1])
-        return "/" + join("/", done)
+    realpath, writes = _child_realpath(home, os), [0]
 
     def inside(path: str, root: str) -> bool:
         return path == root or startswith(path, root + "/")
@@ -322,6 +293,43 @@ def _child_hook(home: str, roots: list, crash_fd: int, os):
             exit_(1)
 
     return hook
+
+
+def _child_realpath(home: str, os):
+    """realpath(path) with '.', '..' and every symlink resolved, for the hook: posixpath.realpath looks its
+    helpers up at call time, this one only uses what is bound here (the rule of _child_hook)."""
+    lstat, readlink, errors = os.lstat, os.readlink, (OSError, ValueError)   # ValueError: a NUL in the path
+    split, join, startswith = str.split, str.join, str.startswith
+
+    def realpath(path: str) -> str:
+        todo = split(path if startswith(path, "/") else home + "/" + path, "/")[::-1]   # relative: chdir is refused
+        done, hops = [], 0
+        while todo:
+            part = todo.pop()
+            if part == "" or part == ".":
+                continue
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            done.append(part)
+            candidate = "/" + join("/", done)
+            try:
+                is_link = lstat(candidate).st_mode & 0o170000 == 0o120000
+            except errors:
+                is_link = False
+            if is_link:
+                hops += 1
+                if hops > 40:
+                    return "/\0loop"   # inside nothing
+                done.pop()
+                target = readlink(candidate)
+                if startswith(target, "/"):
+                    done.clear()
+                todo.extend(split(target, "/")[::-1])
+        return "/" + join("/", done)
+
+    return realpath
 
 
 def _child_serve(req_fd: int, rep_fd: int, max_bytes: int) -> None:
@@ -461,8 +469,8 @@ def _child_plain(value, budget: list, depth: int):
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
-_CHILD_FUNCTIONS = (_child_main, _child_seccomp, _child_watchdog, _child_rules, _child_hook, _child_serve, _child_read, _child_fail,
-                    _child_run, _child_load, _child_call, _child_plain)
+_CHILD_FUNCTIONS = (_child_main, _child_seccomp, _child_watchdog, _child_rules, _child_hook, _child_realpath,
+                    _child_serve, _child_read, _child_fail, _child_run, _child_load, _child_call, _child_plain)
 _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
     "\nimport json, sys\n_child_main(json.loads(sys.argv[1]))\n"
 

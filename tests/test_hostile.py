@@ -99,7 +99,8 @@ def hook_defeated(monkeypatch):
     """Children started in this test run without the audit hook (the kernel's layers remain)."""
     install = "sys.addaudithook(_child_hook("
     assert sandbox._CHILD_SOURCE.count(install) == 1
-    monkeypatch.setattr(sandbox, "_CHILD_SOURCE", sandbox._CHILD_SOURCE.replace(install, "(lambda hook: None)(_child_hook("))
+    without = sandbox._CHILD_SOURCE.replace(install, "(lambda hook: None)(_child_hook(")
+    monkeypatch.setattr(sandbox, "_CHILD_SOURCE", without)
 
 
 @pytest.fixture
@@ -841,3 +842,11 @@ def test_sandbox_dies_with_a_sigkilled_trainer_mid_call():
     while time.monotonic() < deadline and set(processes()) & ours:
         time.sleep(0.05)
     assert not set(processes()) & ours
+
+
+def test_bad_reply_is_a_verdict_of_validate_not_an_exception():
+    import envs
+    code = env(prelude=forged_reply('{"ok": true, "value": ' + "[" * 5000 + "]" * 5000 + "}"))
+    verdict = envs.validate(code, Limits(call_timeout=2.0))
+    assert not verdict.valid and verdict.reason == "bad_reply"
+    assert envs.play_scripted(code, ["\\boxed{1}"], seed=0)["failure"] == "bad_reply"
