@@ -33,7 +33,7 @@ CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "step_typ
           "not_trivial", "reset_123", "deterministic", "solvable")
 REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
            "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable", "timeout",
-           "memory", "forbidden", "crash", "not_serializable", "protocol")
+           "memory", "forbidden", "crash", "not_serializable", "protocol", "bad_reply")
 WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
 MAX_CODE_BYTES = 256_000   # the paper's environments are 300-380 lines (~15 kB); megabytes are rejected unread
 REWARD_BOUND = 10.0        # validation: |reward| <= 10 and finite
@@ -126,8 +126,8 @@ def parse_step(raw) -> tuple[str, float, bool, bool]:
     subtle: bool is a subclass of int, so a True reward would pass as a number unless refused explicitly;
     0/1 flags are refused because the flags must be bool itself.
 
-    >>> parse_step(["ok", 1, True, False, {}])
-    ('ok', 1.0, True, False)
+    >>> parse_step(["ok", 1, True, False, {}]), parse_step(["ok", -10 ** 400, True, False, {}])[1]
+    (('ok', 1.0, True, False), -inf)
     """
     if not (isinstance(raw, list) and len(raw) == 5):
         raise ContractError(f"step must return (obs, reward, terminated, truncated, info), got {_shape(raw)}")
@@ -136,7 +136,11 @@ def parse_step(raw) -> tuple[str, float, bool, bool]:
                               ("terminated", terminated, bool), ("truncated", truncated, bool), ("info", info, dict)):
         if not isinstance(value, kind) or (name == "reward" and isinstance(value, bool)):
             raise ContractError(f"{name} must be {getattr(kind, '__name__', 'a number')}, got {type(value).__name__}")
-    return obs, float(reward), terminated, truncated
+    try:
+        reward = float(reward)
+    except OverflowError:   # an int of hundreds of digits passes JSON, not float(): out of range, not a crash
+        reward = math.inf if reward > 0 else -math.inf
+    return obs, reward, terminated, truncated
 
 
 def _shape(raw) -> str:

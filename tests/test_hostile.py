@@ -6,6 +6,7 @@ Tests named `..._past_the_audit_hook` assume an attacker who has defeated the au
 say): the child runs without it, and the OS layers alone must hold. They skip, saying so, on machines where
 isolation_report() shows those layers missing.
 """
+import errno
 import os
 import secrets
 import socket
@@ -95,9 +96,17 @@ def needs(layer: str):
 
 @pytest.fixture
 def hook_defeated(monkeypatch):
-    """Children started in this test run without the audit hook (layers 1-5 and 7 remain)."""
-    assert sandbox._CHILD_SOURCE.count("sys.addaudithook(hook)") == 1
-    monkeypatch.setattr(sandbox, "_CHILD_SOURCE", sandbox._CHILD_SOURCE.replace("sys.addaudithook(hook)", "pass"))
+    """Children started in this test run without the audit hook (the kernel's layers remain)."""
+    install = "sys.addaudithook(_child_hook("
+    assert sandbox._CHILD_SOURCE.count(install) == 1
+    without = sandbox._CHILD_SOURCE.replace(install, "(lambda hook: None)(_child_hook(")
+    monkeypatch.setattr(sandbox, "_CHILD_SOURCE", without)
+
+
+@pytest.fixture
+def filter_defeated(monkeypatch):
+    """Children started in this test run without the seccomp filter, to test the layers under it alone."""
+    monkeypatch.setattr(sandbox, "_syscall_filter", lambda program: "")
 
 
 # Loads _posixsubprocess by hand (extension modules are loaded by _imp.create_dynamic), under a disguised name.
@@ -246,15 +255,16 @@ def test_double_fork_setsid_daemon():
 
 
 @needs("namespaces")
-def test_double_fork_setsid_daemon_past_the_audit_hook(hook_defeated):
-    """The daemon escapes the process group but not the PID namespace: it dies when the environment is closed."""
+def test_double_fork_setsid_daemon_past_the_audit_hook(hook_defeated, filter_defeated):
+    """The daemon escapes the process group but not the PID namespace: it dies when the environment is closed.
+    (The syscall filter, defeated here too, would refuse the fork itself.)"""
     marker = "sleep_marker_" + secrets.token_hex(4)
     code = env(reset=f'''
-        import os, time
+        import os, sys, time
         if os.fork() == 0:
             os.setsid()
-            if os.fork() == 0:
-                os.execv("/bin/sleep", ["/bin/sleep", "1000", "{marker}"])
+            if os.fork() == 0:   # note: /bin/sleep is not in bwrap's view, the interpreter is
+                os.execv(sys.executable, [sys.executable, "-S", "-c", "import time; time.sleep(1000)", "{marker}"])
             os._exit(0)
         time.sleep(0.3)
         return "spawned", {{}}''')
@@ -451,7 +461,7 @@ def test_read_every_environ_in_proc_past_the_audit_hook(hook_defeated):
                 seen[pid] = e.errno
         return seen, {}''')
     outcome = attack(code)   # attack() checks that SECRET appears nowhere in it
-    assert list(outcome[0]) == ["1"]
+    assert set(outcome[0]) <= {"1", "2"}   # the interpreter, and bwrap's init as pid 1 where bwrap launches
 
 
 # --- network ------------------------------------------------------------------------------------------------------
@@ -541,3 +551,304 @@ def test_flood_of_bytes_on_the_reply_pipe():
             except OSError:
                 pass''')
     assert reason(attack(code)) in ("protocol", "timeout")   # timeout: it blocked on a full pipe first
+
+
+# --- issue 9: one class of attack per section; each test is named after the property it proves -----------------
+# Class 1-2: the caller never crashes on a reply. The child's encoder can be swapped by env code (json.dumps
+# builds its encoder from json.JSONEncoder, looked up at each call), so these forge replies through it.
+
+def forged_reply(text: str) -> str:
+    """Prelude making every reply the child writes the literal JSON text (a swapped encoder)."""
+    return f'''
+import json
+class Forged(json.JSONEncoder):
+    def encode(self, obj):
+        return {text!r}
+json._default_encoder = Forged()
+'''
+
+
+def test_overflowing_int_reward_fails_the_call_not_the_caller():
+    """A reward with 400 digits passes JSON and float() would raise: validate rejects it as reward_range,
+    a scripted play ends with return -1, neither raises."""
+    import envs
+    code = env(step="return 'obs', 10 ** 400, True, False, {}")
+    verdict = envs.validate(code, Limits(call_timeout=2.0))
+    assert not verdict.valid and verdict.reason == "reward_range"
+    played = envs.play_scripted(code, ["\\boxed{1}"], seed=0, limits=Limits(call_timeout=2.0))
+    assert played["return"] == -1.0
+
+
+def test_reply_nested_thousands_deep_fails_the_call_not_the_caller():
+    deep = '{"ok": true, "value": ' + "[" * 5000 + "]" * 5000 + "}"
+    assert reason(attack(env(prelude=forged_reply(deep)))) == "bad_reply"   # the class-name reply already
+
+
+def test_reply_nested_past_the_depth_bound_but_within_the_parser_fails_the_call():
+    """150 levels: json.loads would accept it, repr or a later json.dumps in the caller might not."""
+    code = env(reset="import json\njson._default_encoder = Forged()\nreturn 'x', {}", prelude='''
+import json
+class Forged(json.JSONEncoder):
+    def encode(self, obj):
+        return '{"ok": true, "value": ' + "[" * 150 + "]" * 150 + "}"
+''')
+    assert reason(attack(code)) == "bad_reply"
+
+
+@pytest.mark.parametrize("text", ['[1, 2]', '"ok"', '{"ok": true}', '{"ok": false, "reason": ["timeout"]}',
+                                  '{"ok": true, "value": 1e999999}', '{"ok": true, "value": "\\ud800"}',
+                                  '{"ok": true, "value": ' + "9" * 5000 + '}', "not json"],
+                         ids=["list", "str", "no value", "odd reason", "inf", "lone surrogate", "long int", "text"])
+def test_malformed_reply_fails_the_call_not_the_caller(text):
+    outcome = attack(env(reset="import json\njson._default_encoder = Forged()\nreturn 'x', {}",
+                         prelude=forged_reply(text).replace("json._default_encoder = Forged()\n", "")))
+    assert reason(outcome) in ("bad_reply", "ok") and not isinstance(outcome, str)
+    if text != '{"ok": true, "value": 1e999999}':   # inf: a float the caller's range checks handle
+        assert reason(outcome) == "bad_reply"
+
+
+def test_class_name_that_is_not_a_string_fails_the_start():
+    assert reason(attack(env(prelude=forged_reply('{"ok": true, "value": [1]}')))) == "bad_reply"
+
+
+# Class 4: the path checks call nothing env code can patch.
+
+def test_patched_path_helpers_do_not_open_host_files():
+    code = env(reset='''
+        import os, posixpath, genericpath
+        home = os.getcwd()
+        os.path.realpath = posixpath.realpath = lambda p, **k: home + "/x"
+        posixpath.islink = genericpath.isdir = lambda p: False
+        os.fspath = os.fsdecode = lambda p: home + "/x"
+        return open("/etc/passwd").read(), {}''')
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_patched_builtins_do_not_switch_the_hook_off():
+    code = env(reset='''
+        import builtins
+        builtins.any = builtins.all = lambda *a: False
+        builtins.type = lambda *a: str
+        builtins.isinstance = lambda *a: True
+        import socket
+        return "imported", {}''')
+    assert reason(attack(code)) == "forbidden"
+
+
+# Class 5: module names are compared as the import system reads them.
+
+def test_extension_under_a_dashed_name_is_still_posixsubprocess():
+    """'-' in the last part of a name is read as '_' for the init function: x.-posixsubprocess is the real one."""
+    code = env(prelude=LOAD_BY_HAND, reset="return repr(load_by_hand('x.-posixsubprocess', '_posixsubprocess')), {}")
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_extension_file_is_judged_by_its_own_name():
+    code = env(prelude=LOAD_BY_HAND, reset="return repr(load_by_hand('harmless', '_posixsubprocess')), {}")
+    assert reason(attack(code)) == "forbidden"
+
+
+# Class 6: no sub-interpreter, which would start without the hook.
+
+def test_sub_interpreter_cannot_be_created():
+    code = env(prelude=LOAD_BY_HAND, reset='''
+        subinterpreters = load_by_hand('x.-xxsubinterpreters', '_xxsubinterpreters')
+        return subinterpreters.create(), {}''')
+    assert reason(attack(code)) == "forbidden"
+
+
+# Class 7: frames reach nothing that switches the hook off, and a refusal cannot be caught.
+
+def test_frame_walk_cannot_switch_the_hook_off():
+    """Empty every list, set and closure cell reachable from any frame, then try a refused open."""
+    code = env(reset='''
+        import sys
+        frame, cleared = sys._getframe(), 0
+        while frame is not None:
+            for value in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+                for cell in getattr(value, "__closure__", None) or ():
+                    try:
+                        cell.cell_contents = ()
+                        cleared += 1
+                    except Exception:
+                        pass
+                if isinstance(value, (list, set)):
+                    try:
+                        value.clear()
+                    except Exception:
+                        pass
+            frame = frame.f_back
+        return open("/etc/hostname").read(), {}''')
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_refusal_cannot_be_caught_and_the_call_validated():
+    code = env(reset='''
+        try:
+            __import__("socket")
+        except BaseException:
+            pass
+        return "validated", {}''')
+    outcome = attack(code)
+    assert reason(outcome) == "forbidden" and "socket" in outcome.detail
+
+
+# Class 8: the filesystem view holds only the libraries, the interpreter and the private directory.
+
+@needs("minimal_filesystem")
+def test_host_tmp_home_and_proc_are_not_in_the_view_past_the_audit_hook(hook_defeated, tmp_path):
+    planted = f"/tmp/spade_planted_{secrets.token_hex(4)}"
+    with open(planted, "w") as f:
+        f.write(SECRET)
+    try:
+        code = env(reset=f'''
+            import os
+            seen = {{"root": sorted(os.listdir("/")), "proc": sorted(p for p in os.listdir("/proc") if p.isdigit())}}
+            for path in ({planted!r}, "/etc/passwd", "/work", "/home", "/root/.bashrc", {str(tmp_path)!r}):
+                try:
+                    seen[path] = open(path).read()[:100] if os.path.isfile(path) else os.listdir(path)
+                except OSError as e:
+                    seen[path] = e.errno
+            seen["mounts"] = open("/proc/self/mounts").read()
+            return seen, {{}}''')
+        seen = attack(code)[0]   # attack() checks that SECRET appears nowhere in the outcome
+    finally:
+        os.remove(planted)
+    assert set(seen["root"]) <= {"usr", "lib", "lib64", "lib32", "tmp", "proc", "dev", "root", "home", "opt"}
+    assert seen["proc"] == ["1", "2"]   # bwrap's init and the interpreter
+    assert all(isinstance(seen[p], int) for p in (planted, "/etc/passwd", "/work", str(tmp_path)))
+    assert "/work" not in seen["mounts"] and "/etc" not in seen["mounts"]
+
+
+# Class 9: no process, and a bounded number of threads.
+
+SYSCALLS = '''
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+
+def refused(number, *args):
+    """errno of a raw syscall (0 = it ran)."""
+    result = libc.syscall(number, *args)
+    return ctypes.get_errno() if result == -1 else 0
+'''
+
+
+@needs("syscall_filter")
+def test_kernel_refuses_processes_sockets_and_namespaces_past_the_audit_hook(hook_defeated):
+    """x86-64 numbers: 57 fork, 58 vfork, 59 execve, 41 socket, 101 ptrace, 165 mount, 272 unshare, 250 keyctl,
+    321 bpf, 298 perf_event_open, 425 io_uring_setup, 323 userfaultfd; clone3 (435) answers ENOSYS."""
+    import platform
+    if platform.machine() != "x86_64":
+        pytest.skip("syscall numbers below are x86-64's")
+    code = env(prelude=SYSCALLS, reset='''
+        out = {name: refused(number) for name, number in (("fork", 57), ("vfork", 58), ("socket", 41),
+               ("ptrace", 101), ("mount", 165), ("keyctl", 250), ("bpf", 321), ("perf_event_open", 298),
+               ("io_uring_setup", 425), ("userfaultfd", 323), ("clone3", 435))}
+        out["unshare"] = refused(272, 0x10000000)   # CLONE_NEWUSER
+        out["execve"] = refused(59, b"/usr/bin/true", None, None)
+        out["clone_process"] = refused(56, 17, 0, 0, 0, 0)   # SIGCHLD: a fork through clone
+        return out, {}''')
+    out = attack(code)[0]
+    assert out.pop("clone3") == errno.ENOSYS and set(out.values()) == {errno.EPERM}, out
+
+
+@needs("syscall_filter")
+def test_threads_still_work_under_the_filter_past_the_audit_hook(hook_defeated):
+    code = env(reset='''
+        import threading
+        done = []
+        workers = [threading.Thread(target=done.append, args=(i,)) for i in range(4)]
+        for w in workers: w.start()
+        for w in workers: w.join()
+        return sorted(done), {}''')
+    assert attack(code)[0] == [0, 1, 2, 3]
+
+
+@needs("process_limit")
+def test_threads_are_capped_per_environment_past_the_audit_hook(hook_defeated):
+    """RLIMIT_NPROC of the environment's own uid: a thread bomb stops at Limits.threads, in every instance at
+    once (the count is not shared with the trainer or the other environments)."""
+    code = env(reset='''
+        import threading, time
+        threading.stack_size(1 << 16)
+        started = 0
+        try:
+            for _ in range(2000):
+                threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+                started += 1
+        except RuntimeError:
+            pass
+        return started, {}''')
+    limits = Limits(call_timeout=5.0, threads=8)
+    envs = [EnvProcess(code, {}, limits) for _ in range(3)]
+    try:
+        counts = [out[0] for out in sandbox.call_many(envs, "reset", [()] * 3)]
+    finally:
+        for e in envs:
+            e.close()
+    assert all(0 < n < 8 for n in counts), counts   # the main thread and the watchdog count too
+
+
+# Class 10: the sandbox dies with its trainer.
+
+def test_environment_outlives_the_thread_that_started_it():
+    """A parent-death signal fires when the starting *thread* ends: environments opened from a thread pool
+    (as spade_mini does) must keep running after the pool is gone."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:
+        envs = list(pool.map(lambda _: EnvProcess(env(), {}, Limits(call_timeout=TIMEOUT)), range(2)))
+    time.sleep(0.2)
+    try:
+        assert [e.call("reset", 0) for e in envs] == [["ok", {}]] * 2
+    finally:
+        for e in envs:
+            e.close()
+
+
+TRAINER = '''
+import sys, time
+from concurrent.futures import ThreadPoolExecutor
+sys.path.insert(0, {repo!r})
+import sandbox
+# the environment has replaced the watchdog's descriptor (class 10): here the watchdog is simply not started
+sandbox._CHILD_SOURCE = sandbox._CHILD_SOURCE.replace("_thread.start_new_thread(_child_watchdog", "(lambda *a: 0)(0")
+code = "class SleepEnv:\\n    def step(self, action):\\n        import time\\n        time.sleep(1000)\\n"
+with ThreadPoolExecutor(2) as pool:
+    envs = list(pool.map(lambda _: sandbox.EnvProcess(code, {{}}, sandbox.Limits(call_timeout=100)), range(2)))
+for env in envs:
+    env.send("step", "x")
+print(" ".join(env._dir for env in envs), flush=True)
+time.sleep(100)
+'''
+
+
+@needs("dies_with_trainer")
+def test_sandbox_dies_with_a_sigkilled_trainer_mid_call():
+    """SIGKILL a trainer while two of its environments are in the middle of a step: 5 s later no process of
+    theirs (launcher or interpreter) is left anywhere."""
+    import signal
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(repo=repo)], stdout=subprocess.PIPE)
+    dirs = trainer.stdout.readline().decode().split()
+    table = processes()
+    ours = {p for p, (_, cmd) in table.items() if any(d in cmd for d in dirs)}
+    ours |= {p for p, (pp, _) in table.items() if pp in ours}
+    assert len(dirs) == 2 and len(ours) >= 4, (dirs, ours)   # a launcher and an interpreter each
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and set(processes()) & ours:
+        time.sleep(0.05)
+    assert not set(processes()) & ours
+    for path in dirs:   # the killed trainer could not remove its (empty) private directories
+        os.rmdir(path)
+
+
+def test_bad_reply_is_a_verdict_of_validate_not_an_exception():
+    import envs
+    code = env(prelude=forged_reply('{"ok": true, "value": ' + "[" * 5000 + "]" * 5000 + "}"))
+    verdict = envs.validate(code, Limits(call_timeout=2.0))
+    assert not verdict.valid and verdict.reason == "bad_reply"
+    assert envs.play_scripted(code, ["\\boxed{1}"], seed=0)["failure"] == "bad_reply"

@@ -301,7 +301,7 @@ def test_common_stdlib_modules_import_inside_the_sandbox():
 def test_isolation_report_reports_missing_layers(monkeypatch):
     """A machine without unshare runs the weakest launcher and says so, instead of failing open silently."""
     monkeypatch.setattr(sandbox, "_LAUNCH", None)
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, path=None: None)
     report = sandbox.isolation_report()
     assert report["namespaces"] is False and report["mode"] == "none" and "no unshare" in report["why"]
     with EnvProcess(GUESS) as env:   # still works, with the audit hook and rlimits only
@@ -312,3 +312,16 @@ def test_isolation_report_on_this_machine_is_json_ready():
     import json
     report = sandbox.isolation_report()
     assert json.loads(json.dumps(report)) == report and report["why"]
+
+
+def test_every_test_named_in_the_readme_guarantees_table_exists():
+    """The README's sandbox table cannot drift: each test it names is a test in the suite."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "README.md").read_text().split("## The sandbox:", 1)[1].split("\n## ", 1)[0]
+    named = re.findall(r"`(?:tests/(test_\w+)\.py::)?(test_\w+)`", section)
+    assert len(named) >= 20
+    for module, name in named:
+        source = (root / "tests" / f"{module or 'test_hostile'}.py").read_text()
+        assert f"def {name}(" in source, f"README names {name}, which is not a test"
