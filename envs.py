@@ -533,7 +533,8 @@ class Memory:
 
     def negative(self, skill: str, rng: random.Random) -> dict | None:
         """One same-skill record the agent finds too easy (win rate > 0.9) or too hard (< 0.1)."""
-        pool = [r for r in self.records if r["skill"] == skill and not 0.1 <= r["win_rate"] <= 0.9]
+        pool = [r for r in self.records if r["skill"] == skill and not 0.1 <= r["win_rate"] <= 0.9
+                and not r.get("hung")]
         return rng.choice(pool) if pool else None
 
 

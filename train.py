@@ -299,13 +299,15 @@ class Window:
     """The environments designed at step `start`, played at steps start .. start + length - 1."""
     start: int
     length: int                         # R, cut short by the end of the run
+    skills: list                        # the skills designed for (round-robin over windows)
     attempts: list                      # every Design of the first step
     envs: list                          # PlayedEnv
 
     def to_json(self) -> dict:
         def design(d):
             return None if d is None else {**dataclasses.asdict(d), "verdict": d.verdict.to_json()}
-        return {"start": self.start, "length": self.length, "attempts": [design(d) for d in self.attempts],
+        return {"start": self.start, "length": self.length, "skills": self.skills,
+                "attempts": [design(d) for d in self.attempts],
                 "envs": [{**{f.name: getattr(e, f.name) for f in dataclasses.fields(e)
                              if f.name not in ("design", "episodes")},
                           "design": self.attempts.index(e.design) if e.design else None} for e in self.envs]}
@@ -315,7 +317,7 @@ class Window:
         attempts = [Design(**{**a, "verdict": envs.Verdict.from_json(a["verdict"])}) for a in d["attempts"]]
         played = [PlayedEnv(**{**e, "design": None if e["design"] is None else attempts[e["design"]]})
                   for e in d["envs"]]
-        return cls(d["start"], d["length"], attempts, played)
+        return cls(d["start"], d["length"], d["skills"], attempts, played)
 
 
 def clean_hint(text: str, max_words: int = 100) -> str:
@@ -424,11 +426,13 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
     return attempts
 
 
-def open_window(st: State, step: int, skills: list[str]) -> Window:
+def open_window(st: State, step: int) -> Window:
     """Phases 1-3 at a window's first step: the designer's valid programs (slots it left empty take a
     --backfill environment, round-robin), or a slice of the fixed --env-pool."""
     cfg = st.cfg
     length = min(cfg.regen_interval, cfg.steps - step)
+    # subtle: skills rotate per window, not per step; by step, R = 4 would only ever design skills 0, 4, 2
+    skills = active_skills(cfg, step // cfg.regen_interval)
     if st.pool:
         picks = [st.pool[(step * cfg.envs_per_step + g) % len(st.pool)] for g in range(cfg.envs_per_step)]
         attempts, played = [], [PlayedEnv(env_id(step, g, name), "pool", code, None)
@@ -444,7 +448,7 @@ def open_window(st: State, step: int, skills: list[str]) -> Window:
     folder.mkdir(parents=True, exist_ok=True)
     for e in played:
         envs.write_atomic(folder / f"{e.env_id}.py", e.code)
-    return Window(step, length, attempts, played)
+    return Window(step, length, skills, attempts, played)
 
 
 def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
@@ -504,7 +508,7 @@ def score_input(cfg: Config, window: Window, designed: bool) -> dict:
     """The window's outcomes in the format of `spade-mini score` (README): the designer's environments, or
     (designed=False) the pool/backfill ones, whose designer fields are then unused."""
     chosen = [e for e in window.envs if (e.design is not None) == designed]
-    return {"variant": cfg.designer_reward, "window": window.length,
+    return {"variant": cfg.designer_reward, "window": window.length, "hang_penalty": cfg.timeout_penalty,
             "envs": [dict(skill=e.skill, hung=e.hung, hinted=e.hinted, unhinted=e.unhinted, trained=e.trained)
                      for e in chosen]}
 
@@ -519,7 +523,7 @@ def score(st: State, window: Window) -> list[dict]:
         if not given["envs"]:
             continue
         out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
-                                  hang_penalty=st.cfg.timeout_penalty)
+                                  hang_penalty=given["hang_penalty"])
         if designed:                    # pool and backfill environments leave the slow means alone
             st.mu_slow = out["mu_slow"]
         for e, row in zip([e for e in window.envs if (e.design is not None) == designed], out["envs"]):
@@ -576,7 +580,7 @@ def remember(st: State, window: Window) -> None:
 def agent_samples(st: State, played: list[PlayedEnv]) -> tuple[list, dict]:
     """Phase 8a, every step: the agent's unhinted plays of this step, z-scored within each environment over
     the plays that produced tokens (regret.agent_advantages, as score_window does). Hinted plays are never
-    trained; hung environments and groups whose returns all tie are dropped (departure 3)."""
+    trained; hung environments and groups whose returns all tie are dropped (README departure 4)."""
     import spade_mini
     samples, groups = [], []
     for e in played:
@@ -650,14 +654,13 @@ def self_play_step(st: State, step: int) -> dict:
     its last; play and the agent's update run every step."""
     from tqdm import tqdm
     cfg, clock, t0, logs = st.cfg, {}, time.time(), []
-    skills = active_skills(cfg, step)
     first = st.window is None
     bar = tqdm(total=5, desc=f"step {step}", unit="phase", leave=False, file=sys.stderr)
 
     # 1-3. at a window's first step: design environments and validate them in the sandbox (or take a pool's)
     with phase(bar, clock, "design"):
         if first:
-            st.window = open_window(st, step, skills)
+            st.window = open_window(st, step)
     window = st.window
     last = step == window.start + window.length - 1
     live = [e for e in window.envs if not e.hung]
@@ -692,7 +695,7 @@ def self_play_step(st: State, step: int) -> dict:
     clock["perf/step_s"] = time.time() - t0
 
     log_samples(st, step, window, live, first, logs)
-    record = step_metrics(step, skills, window, live, first, last, clock)
+    record = step_metrics(step, window.skills, window, live, first, last, clock)
     if last:
         st.window = None
     return record
@@ -918,10 +921,15 @@ def check_score_input(data) -> dict:
         fail("variant", "one of " + ", ".join(regret.DESIGNER_REWARDS))
     if type(data.get("window")) is not int or data["window"] < 1:
         fail("window", "an integer >= 1")
-    mu = data.get("mu_slow") or {}
-    if not isinstance(mu, dict) or not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
-                                           for v in mu.values()):
-        fail("mu_slow", "an object of skill -> number or null")
+    def finite(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    mu = data.get("mu_slow", {})
+    mu = {} if mu is None else mu
+    if not isinstance(mu, dict) or not all(v is None or finite(v) for v in mu.values()):
+        fail("mu_slow", "an object of skill -> finite number or null")
+    if not finite(data.get("hang_penalty", regret.HANG_PENALTY)):
+        fail("hang_penalty", "a finite number")
     if not (isinstance(data.get("envs"), list) and data["envs"]):
         fail("envs", "a non-empty list")
     out = []
@@ -932,8 +940,9 @@ def check_score_input(data) -> dict:
         if not isinstance(e.get("hung", False), bool):
             fail(f"{where}.hung", "true or false")
         steps = e.get("unhinted")
-        if not (isinstance(steps, list) and 1 <= len(steps) <= data["window"]):
-            fail(f"{where}.unhinted", f"a list of 1 to {data['window']} lists (one per step of the window)")
+        if not (isinstance(steps, list) and 1 <= len(steps) <= data["window"] and steps[0]):
+            fail(f"{where}.unhinted", f"a list of 1 to {data['window']} lists (one per step of the window), the "
+                 "first not empty")
         steps = [numbers(x, f"{where}.unhinted[{i}]") for i, x in enumerate(steps)]
         trained = e.get("trained", [[True] * len(x) for x in steps])
         if not (isinstance(trained, list) and len(trained) == len(steps)
@@ -942,8 +951,8 @@ def check_score_input(data) -> dict:
             fail(f"{where}.trained", "lists of true/false shaped like unhinted")
         out.append(dict(skill=e["skill"], hung=e.get("hung", False), unhinted=steps, trained=trained,
                         hinted=numbers(e.get("hinted", []), f"{where}.hinted")))
-    return {"variant": data["variant"], "window": data["window"], "mu_slow": {k: v for k, v in mu.items()},
-            "envs": out}
+    return {"variant": data["variant"], "window": data["window"], "mu_slow": dict(mu), "envs": out,
+            "hang_penalty": data.get("hang_penalty", regret.HANG_PENALTY)}
 
 
 def cmd_score(path: str) -> int:
@@ -956,7 +965,8 @@ def cmd_score(path: str) -> int:
     except (ValueError, RecursionError) as err:
         raise ConfigError(f"{path}: not JSON ({type(err).__name__})") from None
     given = check_score_input(data)
-    out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"])
+    out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
+                              hang_penalty=given["hang_penalty"])
     for k, e in enumerate(out["envs"]):
         print(f"env {k}: r_hint {e['r_hint']:.4f} r_nohint {e['r_nohint']:.4f} regret {e['regret']:+.4f} "
               f"w {e['w']:.4f} reward {e['designer_reward']:.4f} advantage {e['designer_advantage']:+.4f}")

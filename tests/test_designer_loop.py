@@ -130,6 +130,9 @@ def test_valid_programs_are_designed_at_each_window_start(designed_run):
     assert [r["designer/attempts"] for r in metrics] == [3, 0, 3, 0]   # 2 slots, the invalid one retried
     assert metrics[0]["designer/valid_rate"] == pytest.approx(2 / 3)
     assert metrics[0]["designer/rejections"] == {"syntax": 1}
+    # hinted plays happen at a window's first step only
+    assert [r["agent/return_hint"] is not None for r in metrics] == [True, False, True, False]
+    assert [r["agent/return_nohint"] is not None for r in metrics] == [True] * 4
 
 
 def test_memory_holds_one_record_per_designed_environment_with_every_field(designed_run):

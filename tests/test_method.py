@@ -195,7 +195,7 @@ def test_hung_environments_get_a_marked_memory_record_and_ids_are_unique_across_
         played = [train.PlayedEnv(train.env_id(start, 0), "Optimization", NO_KEYWORD_ENV, design, hung=start == 1,
                                   hinted=[1.0], unhinted=[[0.0, 1.0]], trained=[[True, True]])]
         run.env_dir(start).mkdir(parents=True)
-        window = train.Window(start, 1, [design], played)
+        window = train.Window(start, 1, ["Optimization"], [design], played)
         train.score(st, window)
         train.remember(st, window)
     records = json.loads((tmp_path / "memory.json").read_text())["records"]
@@ -255,3 +255,68 @@ def test_score_command_rejects_bad_input_in_one_line(tmp_path, capsys, given, fi
     assert train.main(["score", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("spade-mini: error:") and field in err and "\n" not in err
+
+
+def test_an_injected_base_name_is_skipped_even_when_nothing_subclasses_it():
+    code = '''
+class ToolUseBaseEnv:
+    def __init__(self, max_turns=10):
+        self.max_turns = max_turns
+
+class LockerEnv:
+    def __init__(self, max_turns=12):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.code = (seed or 0) % 10
+        return "Open the locker: a digit in \\\\boxed{}.", {}
+    def step(self, action):
+        won = action == "\\\\boxed{%d}" % self.code
+        return ("open" if won else "shut"), float(won), won, False, {}
+'''
+    verdict = envs.validate(code)
+    assert verdict.valid and verdict.class_name == "LockerEnv", verdict
+
+
+def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypatch):
+    """Code and hints written inside <think> are not taken: the program is the block after </think>."""
+    inside = "<think>```python\nclass DraftEnv:\n    pass\n```</think>"
+    answers = {"designer": inside + "Final:\n```python\n" + NO_KEYWORD_ENV + "\n```",
+               "hint": "<think>the secret is 7</think>Guess the middle first."}
+    monkeypatch.setattr(sm, "chat_ids", lambda tok, text, thinking=False: [1 if "Designer" in text else 2])
+    monkeypatch.setattr(sm, "generate", lambda model, tok, prompts, **kw: [
+        sm.Completion(p, [3], answers["designer" if p == [1] else "hint"], True) for p in prompts])
+    st = SimpleNamespace(cfg=train.Config(envs_per_step=1, design_attempts=1, thinking=True), corpus=["a doc"],
+                         memory=envs.Memory("/nonexistent/m.json"), tok=None, model=None)
+    (attempt,) = train.design(st, 0, ["Optimization"])
+    assert attempt.verdict.valid and attempt.verdict.class_name == "PlainEnv"
+    played = [train.PlayedEnv("e", "A", attempt.code, None)]
+    train.write_hints(st, 0, played)
+    assert played[0].hint == "Guess the middle first."
+
+
+def test_skills_rotate_per_window_so_every_skill_is_designed():
+    """R = 4, one skill per window: windows at steps 0, 4, 8, ... design skills 0, 1, 2, ... (rotating by step
+    gave skills 0, 4, 2, 0, ... and never designed three of the six)."""
+    cfg = train.Config(regen_interval=4, steps=24)
+    seen = [train.active_skills(cfg, start // cfg.regen_interval)[0] for start in range(0, 24, 4)]
+    assert sorted(seen) == sorted(envs.SKILLS)
+
+
+def test_score_command_uses_the_logged_hang_penalty(tmp_path, capsys):
+    given = {"variant": "regret", "window": 1, "hang_penalty": -0.25,
+             "envs": [{"skill": "A", "hung": True, "unhinted": [[0, 1]]}]}
+    (tmp_path / "w.json").write_text(json.dumps(given))
+    assert train.main(["score", str(tmp_path / "w.json")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["envs"][0]["designer_reward"] == -0.25
+
+
+@pytest.mark.parametrize("prior", ["NaN", "0", "[]", '"x"'])
+def test_score_command_rejects_a_bad_prior(tmp_path, capsys, prior):
+    text = '{"variant": "regret", "window": 1, "mu_slow": %s, "envs": [{"skill": "A", "unhinted": [[0]]}]}'
+    if prior == "NaN":
+        text = text % '{"A": NaN}'
+    else:
+        text = text % prior
+    (tmp_path / "w.json").write_text(text)
+    assert train.main(["score", str(tmp_path / "w.json")]) == 2
+    assert "mu_slow" in capsys.readouterr().err
