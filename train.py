@@ -346,17 +346,17 @@ def validate_all(codes: list[str | None], cfg: Config) -> list[envs.Verdict]:
         return list(pool.map(lambda code: envs.validate(code, limits_of(cfg), max_turns=cfg.max_turns), codes))
 
 
-def load_pool(folder: str, cfg: Config) -> list[tuple[str, str]]:
-    """--env-pool: every *.py in the folder that passes validation, as (name, code), sorted by name."""
+def load_pool(folder: str, cfg: Config, flag: str = "--env-pool") -> list[tuple[str, str]]:
+    """--env-pool (or --backfill): every *.py in the folder that passes validation, as (name, code), by name."""
     files = sorted(Path(folder).glob("*.py"))
     codes = [f.read_text(errors="replace") for f in files]
     verdicts = validate_all(codes, cfg)
     pool = [(f.stem, c) for f, c, v in zip(files, codes, verdicts) if v.valid]
     for f, v in zip(files, verdicts):
         if not v.valid:
-            print(f"warning: --env-pool: skipping {f.name} ({v.reason}: {v.detail})", file=sys.stderr)
+            print(f"warning: {flag}: skipping {f.name} ({v.reason}: {v.detail})", file=sys.stderr)
     if not pool:
-        raise ConfigError(f"--env-pool: no valid environment in {folder}")
+        raise ConfigError(f"{flag}: no valid environment in {folder}")
     return pool
 
 
@@ -828,7 +828,7 @@ def train(cfg: Config) -> Path:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     corpus = [] if (cfg.no_corpus or cfg.env_pool) else envs.load_corpus(cfg.corpus or None)
     pool = load_pool(cfg.env_pool, cfg) if cfg.env_pool else []
-    extra = load_pool(cfg.backfill, cfg) if cfg.backfill and not cfg.env_pool else []
+    extra = load_pool(cfg.backfill, cfg, "--backfill") if cfg.backfill and not cfg.env_pool else []
     st = State(cfg, run, model, tok, optimizer, envs.Memory(run.memory, cfg.memory_capacity), corpus, pool, extra, {})
     if start > 0:
         load_checkpoint(st, run.latest_checkpoint())
