@@ -504,29 +504,30 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
             "perf/sandbox_s": timing["sandbox_s"], "perf/generate_s": timing["generate_s"]}
 
 
-def score_input(cfg: Config, window: Window, designed: bool) -> dict:
-    """The window's outcomes in the format of `spade-mini score` (README): the designer's environments, or
-    (designed=False) the pool/backfill ones, whose designer fields are then unused."""
-    chosen = [e for e in window.envs if (e.design is not None) == designed]
+def score_input(cfg: Config, window: Window, chosen: list[PlayedEnv], mu_slow: dict) -> dict:
+    """Outcomes of some of the window's environments in the format of `spade-mini score` (README)."""
     return {"variant": cfg.designer_reward, "window": window.length, "hang_penalty": cfg.timeout_penalty,
             "envs": [dict(skill=e.skill, hung=e.hung, hinted=e.hinted, unhinted=e.unhinted, trained=e.trained)
-                     for e in chosen]}
+                     for e in chosen], "mu_slow": dict(mu_slow)}
 
 
 def score(st: State, window: Window) -> list[dict]:
     """Phase 6 at the window's last step: R_hint, R_nohint, regret, w, win rate, designer reward and advantage
     of each environment, and the slow means, all from regret.score_window (the function `spade-mini score`
-    runs). Returns the window records for samples.jsonl (input and output, so anyone can recompute them)."""
+    runs). The designer's environments and the pool/backfill ones (whose designer fields are then unused) are
+    scored as two inputs. Returns the window records for samples.jsonl (input and output, so anyone can
+    recompute them)."""
     records = []
     for designed in (True, False):
-        given = {**score_input(st.cfg, window, designed), "mu_slow": dict(st.mu_slow)}
-        if not given["envs"]:
+        chosen = [e for e in window.envs if (e.design is not None) == designed]
+        if not chosen:
             continue
+        given = score_input(st.cfg, window, chosen, st.mu_slow)
         out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
                                   hang_penalty=given["hang_penalty"])
         if designed:                    # pool and backfill environments leave the slow means alone
             st.mu_slow = out["mu_slow"]
-        for e, row in zip([e for e in window.envs if (e.design is not None) == designed], out["envs"]):
+        for e, row in zip(chosen, out["envs"]):
             e.scores = row
         records.append(dict(kind="window", start=window.start, designed=designed, input=given, output=out))
     return records
