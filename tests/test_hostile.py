@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+import isolation
 import sandbox
 from sandbox import EnvProcess, Limits, SandboxError
 
@@ -98,9 +99,9 @@ def needs(layer: str):
 def hook_defeated(monkeypatch):
     """Children started in this test run without the audit hook (the kernel's layers remain)."""
     install = "sys.addaudithook(_child_hook("
-    assert sandbox._CHILD_SOURCE.count(install) == 1
-    without = sandbox._CHILD_SOURCE.replace(install, "(lambda hook: None)(_child_hook(")
-    monkeypatch.setattr(sandbox, "_CHILD_SOURCE", without)
+    assert isolation._CHILD_SOURCE.count(install) == 1
+    without = isolation._CHILD_SOURCE.replace(install, "(lambda hook: None)(_child_hook(")
+    monkeypatch.setattr(isolation, "_CHILD_SOURCE", without)
 
 
 @pytest.fixture
@@ -809,9 +810,9 @@ TRAINER = '''
 import sys, time
 from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, {repo!r})
-import sandbox
+import isolation, sandbox
 # the environment has replaced the watchdog's descriptor (class 10): here the watchdog is simply not started
-sandbox._CHILD_SOURCE = sandbox._CHILD_SOURCE.replace("_thread.start_new_thread(_child_watchdog", "(lambda *a: 0)(0")
+isolation._CHILD_SOURCE = isolation._CHILD_SOURCE.replace("_thread.start_new_thread(_child_watchdog", "(lambda *a: 0)(0")
 code = "class SleepEnv:\\n    def step(self, action):\\n        import time\\n        time.sleep(1000)\\n"
 with ThreadPoolExecutor(2) as pool:
     envs = list(pool.map(lambda _: sandbox.EnvProcess(code, {{}}, sandbox.Limits(call_timeout=100)), range(2)))
