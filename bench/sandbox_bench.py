@@ -13,6 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import isolation  # noqa: E402
 import sandbox  # noqa: E402
 
 ENV = '''
@@ -97,20 +98,20 @@ def bench_concurrent(n_envs: int = 64, rounds: int = 60) -> float:
 
 def bench_start_old_path(n: int = 40) -> list | None:
     """Start-up through the unshare launcher without the syscall filter (the path before issue 9)."""
-    old = next((launcher for launcher, missing in sandbox._candidates()
+    old = next((launcher for launcher, missing in isolation._candidates()
                 if launcher.mode == "namespaces+mounts" and not missing), None)
     if old is None:
         return None
-    saved = sandbox._launch()
-    sandbox._LAUNCH = (old, [], b"")
+    saved = isolation._launch()
+    isolation._LAUNCH = (old, [], b"")
     try:
         return bench_start(n)
     finally:
-        sandbox._LAUNCH = saved
+        isolation._LAUNCH = saved
 
 
 def main() -> None:
-    report = sandbox.isolation_report()
+    report = isolation.isolation_report()
     print(f"isolation_mode: {report['mode']}")
     print(f"syscall_filter: {report['syscall_filter']}")
     starts = bench_start()

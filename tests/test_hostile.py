@@ -91,7 +91,7 @@ def reason(outcome) -> str:
 
 
 def needs(layer: str):
-    report = sandbox.isolation_report()
+    report = isolation.isolation_report()
     return pytest.mark.skipif(not report[layer], reason=f"{layer} not active here: {report['why']}")
 
 
@@ -107,7 +107,7 @@ def hook_defeated(monkeypatch):
 @pytest.fixture
 def filter_defeated(monkeypatch):
     """Children started in this test run without the seccomp filter, to test the layers under it alone."""
-    monkeypatch.setattr(sandbox, "_syscall_filter", lambda program: "")
+    monkeypatch.setattr(isolation, "_syscall_filter", lambda program: "")
 
 
 # Loads _posixsubprocess by hand (extension modules are loaded by _imp.create_dynamic), under a disguised name.

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-import sandbox
+import isolation
 from sandbox import EnvProcess, Limits, SandboxError, call_many
 
 FAST = Limits(call_timeout=2.0)
@@ -300,9 +300,9 @@ def test_common_stdlib_modules_import_inside_the_sandbox():
 
 def test_isolation_report_reports_missing_layers(monkeypatch):
     """A machine without unshare runs the weakest launcher and says so, instead of failing open silently."""
-    monkeypatch.setattr(sandbox, "_LAUNCH", None)
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name, path=None: None)
-    report = sandbox.isolation_report()
+    monkeypatch.setattr(isolation, "_LAUNCH", None)
+    monkeypatch.setattr(isolation.shutil, "which", lambda name, path=None: None)
+    report = isolation.isolation_report()
     assert report["namespaces"] is False and report["mode"] == "none" and "no unshare" in report["why"]
     with EnvProcess(GUESS) as env:   # still works, with the audit hook and rlimits only
         assert env.call("reset", 1)[1] == {"high": 100}
@@ -310,7 +310,7 @@ def test_isolation_report_reports_missing_layers(monkeypatch):
 
 def test_isolation_report_on_this_machine_is_json_ready():
     import json
-    report = sandbox.isolation_report()
+    report = isolation.isolation_report()
     assert json.loads(json.dumps(report)) == report and report["why"]
 
 
