@@ -314,6 +314,16 @@ def test_isolation_report_on_this_machine_is_json_ready():
     assert json.loads(json.dumps(report)) == report and report["why"]
 
 
+def test_isolation_never_imports_sandbox():
+    """Imports go one way, sandbox.py -> isolation.py: the OS layers work without the protocol module."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", "import isolation, sys; print('sandbox' in sys.modules)"],
+                         cwd=root, capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_every_test_named_in_the_readme_guarantees_table_exists():
     """The README's sandbox table cannot drift: each test it names is a test in the suite."""
     import re
