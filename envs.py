@@ -18,12 +18,12 @@ import os
 import random
 import re
 import string
-import sys
-import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+import runs
 from sandbox import EnvProcess, Limits, SandboxError
 
 SKILLS = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
@@ -31,7 +31,7 @@ SKILLS = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
 PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}")
 CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "step_types", "reward_range",
           "not_trivial", "reset_123", "deterministic", "solvable")
-REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
+REJECTIONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
            "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable", "timeout",
            "memory", "forbidden", "crash", "not_serializable", "protocol", "bad_reply")
 WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
@@ -61,7 +61,7 @@ class ContractError(ValueError):
 
 
 class Rejected(Exception):
-    """Validation stopped at a check; reason is one of REASONS."""
+    """Validation stopped at a check; reason is one of REJECTIONS."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}")
@@ -71,7 +71,7 @@ class Rejected(Exception):
 @dataclass
 class Verdict:
     valid: bool
-    reason: str                  # "ok" when valid, else one of REASONS
+    reason: str                  # "ok" when valid, else one of REJECTIONS
     class_name: str | None
     checks: dict[str, bool | None] = field(default_factory=dict)  # every name in CHECKS; not reached = False,
     detail: str = ""                                              # skipped = None (solvable without solution())
@@ -208,6 +208,16 @@ def solution_actions(raw) -> list[str] | None:
     return None
 
 
+def reference_solution(code: str, seed: int, max_turns: int, limits: Limits) -> tuple[str, list[str] | None]:
+    """(first observation, solution actions) of an episode from a fresh sandboxed instance; ("", None) if
+    unavailable (no solution(), a goal description, or a value that is no action list)."""
+    try:
+        with open_env(code, max_turns, limits) as env:
+            return parse_reset(env.call("reset", seed)), solution_actions(env.call("solution"))
+    except (SandboxError, ContractError):
+        return "", None
+
+
 def _solvable(code: str, max_turns: int, limits: Limits) -> bool | None:
     """Replay solution() in a fresh instance after reset(42) and after reset(123): it must reach
     terminated=True with reward >= 0.999 within max_turns. None (skipped) without a usable solution()."""
@@ -264,6 +274,29 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
     except Rejected as err:
         return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns)
     return Verdict(True, "ok", class_name, checks, max_turns=turns)
+
+
+def validate_many(codes: list[str | None], limits: Limits, max_turns: int) -> list[Verdict]:
+    """validate() of several programs at once (None = no code block); each runs in its own child processes."""
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return list(pool.map(lambda code: validate(code, limits, max_turns=max_turns), codes))
+
+
+def load_folder(folder: str, flag: str, limits: Limits, max_turns: int) -> tuple[list[tuple[str, str]], dict]:
+    """(valid, rejected) of every *.py of a folder (--env-pool, --backfill, --eval-pool): the valid ones as
+    (name, code) sorted by name, the others {name: reason}, each with a warning. InputError if none is valid."""
+    files = sorted(Path(folder).glob("*.py"))
+    codes = [f.read_text(errors="replace") for f in files]
+    valid, rejected = [], {}
+    for f, code, verdict in zip(files, codes, validate_many(codes, limits, max_turns)):
+        if verdict.valid:
+            valid.append((f.stem, code))
+        else:
+            rejected[f.stem] = verdict.reason
+            runs.warn(f"{flag}: skipping {f.name} ({verdict.reason}: {verdict.detail})")
+    if not valid:
+        raise runs.InputError(f"{flag}: no valid environment in {folder}")
+    return valid, rejected
 
 
 def _difference(a: list[tuple], b: list[tuple]) -> str:
@@ -379,29 +412,6 @@ def episode_return(last_reward: float | None, terminated: bool, crashed: bool) -
     return max(-1.0, min(1.0, float(last_reward)))
 
 
-def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
-                  limits: Limits = Limits()) -> dict:
-    """Replay action texts (one per turn, through to_action) until the episode ends, the actions run out or
-    max_turns; for `spade-mini play --actions`. Returns {return, turns, terminated, failure, transcript}."""
-    transcript: list[dict] = []
-    last_reward, terminated, failure, turns = None, False, None, 0
-    try:
-        with open_env(code, max_turns, limits) as env:
-            transcript.append({"turn": 0, "observation": parse_reset(env.call("reset", seed))})
-            for turns, text in enumerate(actions[:env.max_turns or max_turns], start=1):
-                action = to_action(text)
-                obs, last_reward, terminated, truncated = parse_step(env.call("step", action))
-                transcript.append({"turn": turns, "action": action, "observation": obs, "reward": last_reward,
-                                   "terminated": terminated, "truncated": truncated})
-                if terminated or truncated:
-                    break
-    except (SandboxError, ContractError) as err:
-        failure = getattr(err, "reason", "contract")
-        transcript.append({"turn": turns, "failure": failure, "detail": str(err)[:300]})
-    return {"return": episode_return(last_reward, terminated, failure is not None), "turns": turns,
-            "terminated": terminated, "failure": failure, "transcript": transcript}
-
-
 # ----------------------------------------------------------------------------------------------------------
 # prompts: the text lives in prompts/*.txt; ${name} fields are filled with string.Template
 
@@ -514,7 +524,7 @@ class Memory:
             aside = self.path.with_name(self.path.name + ".corrupt")
             os.replace(self.path, aside)
             why = f"{type(err).__name__}: {err}"[:100].replace("\n", " ")
-            _warn(f"{self.path} is corrupted ({why}); moved to {aside}, starting with an empty memory")
+            runs.warn(f"{self.path} is corrupted ({why}); moved to {aside}, starting with an empty memory")
             return []
 
     def add(self, record: dict) -> None:
@@ -522,7 +532,7 @@ class Memory:
         self.records = (self.records + [record])[-self.capacity:]
 
     def save(self) -> None:
-        write_atomic(self.path, json.dumps({"capacity": self.capacity, "records": self.records}) + "\n")
+        runs.write_atomic(self.path, json.dumps({"capacity": self.capacity, "records": self.records}) + "\n")
 
     def positives(self, skill: str, rng: random.Random, k: int = 2) -> list[dict]:
         """k drawn from the top 10 by regret among same-skill records with 0.15 <= win rate <= 0.85."""
@@ -536,126 +546,3 @@ class Memory:
         pool = [r for r in self.records if r["skill"] == skill and not 0.1 <= r["win_rate"] <= 0.9
                 and not r.get("hung")]
         return rng.choice(pool) if pool else None
-
-
-# ----------------------------------------------------------------------------------------------------------
-# grounding corpus
-
-class CorpusError(ValueError):
-    """The corpus cannot be used (missing file, nothing usable in it)."""
-
-
-def load_corpus(path: str | Path | None, min_words: int = 150) -> list[str]:
-    """Documents for the designer to read, whole (the designer's phase cuts each to --doc-words, once).
-
-    None -> real human-written documentation that ships with every machine that has torch: Python's
-    `pydoc_data.topics` (the language reference) and sympy's docstrings (sympy comes with torch), those of
-    at least min_words words, in a fixed order. A path -> a SPICE-style jsonl, one {"text" or "orig_doc"}
-    per line; bad lines are skipped with one counted warning.
-    """
-    docs = _bundled_docs(min_words) if path is None else _jsonl_docs(Path(path))
-    if not docs:
-        raise CorpusError(f"no usable documents in {path or 'the bundled corpus'}")
-    return docs
-
-
-def _bundled_docs(min_words: int) -> list[str]:
-    import inspect
-    from pydoc_data.topics import topics
-    docs = [topics[k] for k in sorted(topics)]
-    try:
-        import sympy
-    except ImportError:
-        _warn("sympy is not installed; the bundled corpus is Python's documentation only")
-        sympy = None
-    for name in sorted(dir(sympy)) if sympy else []:
-        # note: inspect.getdoc inherits class docstrings, so duplicates are dropped below
-        doc = None if name.startswith("_") else inspect.getdoc(getattr(sympy, name))
-        docs.append(doc or "")
-    return [d for d in dict.fromkeys(docs) if len(d.split()) >= min_words]
-
-
-def _jsonl_docs(path: Path) -> list[str]:
-    if not path.is_file():
-        raise CorpusError(f"corpus file not found: {path}")
-    docs, bad, lines = [], 0, path.read_bytes().splitlines()
-    for line in lines:
-        try:
-            obj = json.loads(line.decode("utf-8"))
-            text = obj.get("text") or obj.get("orig_doc")
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError("no 'text' or 'orig_doc' string")
-            docs.append(text)
-        except (ValueError, AttributeError):   # bad JSON, bad UTF-8, not an object, no text
-            bad += line.strip() != b""
-    if bad:
-        _warn(f"skipped {bad} of {len(lines)} corpus lines in {path} (bad JSON or no 'text'/'orig_doc' field)")
-    return docs
-
-
-# ----------------------------------------------------------------------------------------------------------
-# crash-safe files: replaced atomically, or append-only with a reader that tolerates a torn last line
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write to a temp file in the same directory, fsync, rename over path: readers see old or new, never half."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)   # the rename itself survives a power cut only once the directory is synced
-    finally:
-        os.close(dir_fd)
-
-
-def append_jsonl(path: str | Path, record: dict) -> None:
-    """Append one JSON line, flush and fsync. A line counts only once its newline is written.
-
-    subtle: after a crash the file may end in a torn line; appending to it would glue the new record onto
-    the fragment and lose both, so the fragment is cut off first.
-    """
-    with open(path, "ab+") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() > 0:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.seek(0)
-                data = f.read()
-                f.truncate(data.rfind(b"\n") + 1)
-        f.write((json.dumps(record) + "\n").encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Every committed record (a line ending in a newline); a torn last line is ignored, a bad middle line
-    is skipped with a counted warning. A missing file reads as empty."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    lines = data.split(b"\n")[:-1]   # the part after the last newline is uncommitted (empty, or torn)
-    out, bad = [], 0
-    for line in lines:
-        try:
-            obj = json.loads(line.decode("utf-8"))
-            if not isinstance(obj, dict):
-                raise ValueError("not an object")
-            out.append(obj)
-        except ValueError:
-            bad += line.strip() != b""
-    if bad:
-        _warn(f"skipped {bad} unreadable lines in {path}")
-    return out
-
-
-def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)

@@ -1,17 +1,15 @@
-"""Hint-based regret: how the Environment Designer is scored, and the numbers logged about its environments.
+"""Hint-based regret: how the Environment Designer is scored, and both roles' advantages.
 
 The idea: play each environment twice over, once with a privileged hint and once without. The gap
 R_hint - R_nohint is large exactly when the environment sits at the edge of the agent's ability (solvable
 with help, not yet alone), which is the training data worth most. The designer is paid that gap (or one of
 the variants below); the agent's and the designer's samples then get per-role advantages.
 
-Everything here is a small pure function of numbers (or of program text, for the statistics at the end),
-with a hand-computed example that runs as a doctest. No torch; numpy only for the eigenvalues of Vendi.
+Everything here is a small pure function of numbers with a hand-computed example that runs as a doctest;
+`score_window` is the one function the training loop and `spade-mini score` both call. Standard
+library only.
 """
 import math
-import re
-
-import numpy as np
 
 PLATEAU = (0.15, 0.4, 0.6, 0.85)  # plateau(w): 0 below 0.15, rises to 1 at 0.4, flat to 0.6, 0 again at 0.85
 BLEND_GAP_SCALE = 0.15            # blend: a regret of 0.15 already earns the full regret part
@@ -144,8 +142,8 @@ def agent_advantages(returns: list[float], trained: list[bool] | None = None) ->
     group = [float(r) for r, t in zip(returns, trained) if t]
     if len(group) < 2 or max(group) - min(group) <= 1e-12:
         return [0.0] * len(returns)   # ties carry no gradient (see zero_variance_fraction)
-    x = np.asarray(group, dtype=np.float64)
-    mu, sd = x.mean(), x.std()
+    mu = sum(group) / len(group)
+    sd = math.sqrt(sum((r - mu) ** 2 for r in group) / len(group))   # population std
     return [float((r - mu) / (sd + EPS)) if t else 0.0 for r, t in zip(returns, trained)]
 
 
@@ -222,8 +220,6 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
     >>> [round(a, 4) for a in e["agent_advantages"][0]], round(out["mu_slow"]["Optimization"], 6), out["scale"]
     ([-0.7071, 1.4142, -0.7071, 0.0], 0.2575, 4.0)
     """
-    if variant not in DESIGNER_REWARDS:
-        raise ValueError(f"unknown designer reward variant {variant!r}; choose one of {', '.join(DESIGNER_REWARDS)}")
     skills = [e["skill"] for e in envs]
     hung = [bool(e.get("hung", False)) for e in envs]
     window_returns = [[float(r) for step in e["unhinted"] for r in step] for e in envs]
@@ -251,125 +247,3 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
 def _mean(xs) -> float:
     xs = [float(x) for x in xs]
     return sum(xs) / len(xs) if xs else 0.0
-
-
-# ----------------------------------------------------------------------------------------------------------
-# environment statistics: diversity, leakage, size
-
-def vendi_score(similarity: np.ndarray) -> float:
-    """Vendi score exp(-sum_i l_i log l_i), l_i = eigenvalues of K / n: the effective number of distinct items.
-
-    K must be symmetric positive semi-definite with ones on the diagonal. Worked example,
-    K = [[1, 0.5], [0.5, 1]]: K / 2 has eigenvalues 0.75 and 0.25; entropy = -(0.75 ln 0.75 + 0.25 ln 0.25)
-    = 0.2158 + 0.3466 = 0.5623; exp(0.5623) = 1.7548. Identical items score 1, orthogonal ones score n.
-
-    >>> round(vendi_score(np.array([[1.0, 0.5], [0.5, 1.0]])), 4)
-    1.7548
-    >>> round(vendi_score(np.ones((3, 3))), 6), round(vendi_score(np.eye(3)), 6)
-    (1.0, 3.0)
-    """
-    k = np.asarray(similarity, dtype=np.float64)
-    n = k.shape[0]
-    if n == 0:
-        return 0.0
-    eig = np.linalg.eigvalsh(k / n)
-    eig = eig[eig > 1e-12]  # subtle: round-off gives tiny negative eigenvalues; 0 log 0 = 0 anyway
-    return float(math.exp(-np.sum(eig * np.log(eig))))
-
-
-_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+|\S")
-
-
-def code_vectors(codes: list[str], n: int = 3) -> np.ndarray:
-    """Binary bag of token n-grams per program, shape (len(codes), vocabulary): the diversity representation.
-
-    Tokens are identifiers, digit runs and single punctuation characters (a regex, so broken code works
-    too); a program's vector marks which n-grams of consecutive tokens it contains. Presence rather than
-    counts keeps boilerplate such as `self .` from dominating the cosine.
-
-    >>> code_vectors(["a = 1", "a = 1", "b = 2"], n=2).sum(axis=1).tolist()
-    [2.0, 2.0, 2.0]
-    """
-    grams = []
-    for code in codes:
-        toks = _TOKEN.findall(code)
-        grams.append({tuple(toks[i:i + n]) for i in range(max(1, len(toks) - n + 1))} if toks else set())
-    vocab = {g: i for i, g in enumerate(sorted(set().union(*grams)))} if grams else {}
-    x = np.zeros((len(codes), len(vocab)), dtype=np.float32)  # 0/1 entries: float32 counts stay exact
-    for row, gs in enumerate(grams):
-        x[row, [vocab[g] for g in gs]] = 1.0
-    return x
-
-
-def diversity(codes: list[str], n: int = 3) -> float:
-    """Vendi score / n of programs under the cosine kernel of code_vectors: 1/n if all identical, ~1 if unrelated.
-
-    Worked example: two identical programs have cosine 1, K = all ones, Vendi 1, so 1 / 2 = 0.5; two with no
-    shared 3-gram have K = I, Vendi 2, so 2 / 2 = 1.0. (The paper: 0.68 with corpus grounding, 0.04 without.)
-
-    >>> diversity(["x = 1 + 2", "x = 1 + 2"]), diversity(["x = 1 + 2", "def f(): return y"])
-    (0.5, 1.0)
-    """
-    if not codes:
-        return 0.0
-    x = code_vectors(codes, n)
-    shared = (x @ x.T).astype(np.float64)       # (n, n) number of n-grams two programs share
-    size = np.maximum(np.diag(shared), 1.0)     # an empty program is similar only to itself (diagonal below)
-    k = shared / np.sqrt(np.outer(size, size))  # cosine of the 0/1 vectors
-    np.fill_diagonal(k, 1.0)
-    return vendi_score(k) / len(codes)
-
-
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_VALUE = re.compile(r"-?\d+(?:\.\d+)?|[A-Za-z_]+")
-
-
-def solution_keys(solution_actions: str | list[str] | None) -> set[str]:
-    """The key values of a reference solution: the numbers in its boxed commands, or their words if none.
-
-    Numbers win because commands usually pair a verb with the values that matter ("guess 37": 37 is the
-    secret, "guess" is not); a solution without numbers (directions, a word answer) is keyed by its words.
-
-    >>> sorted(solution_keys(r"\\boxed{guess 37}")), sorted(solution_keys([r"\\boxed{Up}", r"\\boxed{left}"]))
-    (['37'], ['left', 'up'])
-    """
-    if not solution_actions:
-        return set()   # the environment has no solution(): nothing can leak
-    text = "\n".join([solution_actions] if isinstance(solution_actions, str) else solution_actions)
-    inner = _BOXED.findall(text) or [text]
-    values = [v.lower() for part in inner for v in _VALUE.findall(part)]
-    numbers = {v for v in values if v[-1].isdigit()}
-    return numbers or set(values)
-
-
-def _contains_keys(text: str, solution_actions: str | list[str] | None) -> bool:
-    keys = solution_keys(solution_actions)
-    return bool(keys) and keys <= {v.lower() for v in _VALUE.findall(text)}
-
-
-def hint_leak(hint: str, solution_actions: str | list[str] | None) -> bool:
-    """True when the hint contains every key value of the solution as a whole token (it gives the answer away).
-
-    >>> hint_leak("Try 37.", r"\\boxed{guess 37}"), hint_leak("Halve the range each turn.", r"\\boxed{guess 37}")
-    (True, False)
-    """
-    return _contains_keys(hint, solution_actions)
-
-
-def opening_leak(first_obs: str, solution_actions: str | list[str] | None) -> bool:
-    """True when the first observation already shows every key value of the solution (the paper's "the physics
-    opening prints the governing equation"). note: a heuristic; an opening that lists all moves matches too.
-
-    >>> opening_leak("The answer is 12. Answer in \\\\boxed{}.", r"\\boxed{12}")
-    True
-    """
-    return _contains_keys(first_obs, solution_actions)
-
-
-def loc(code: str) -> int:
-    """Lines of code: non-blank lines that are not only a comment.
-
-    >>> loc("import math\\n\\n# a comment\\nx = 1  # counted\\n")
-    2
-    """
-    return sum(1 for line in code.splitlines() if line.strip() and not line.strip().startswith("#"))

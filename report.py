@@ -20,11 +20,9 @@ Standard library, matplotlib (Agg backend, no display) and envs.py (no torch), s
 """
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -33,7 +31,7 @@ matplotlib.use("Agg")  # note: before pyplot is imported; a headless server has 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-import envs  # noqa: E402  (read_jsonl: the crash-tolerant reader every run file is written for)
+import runs  # noqa: E402  (read_jsonl: the crash-tolerant reader every run file is written for)
 
 # (file, title, y label, metric keys, y range always shown or None, caption). Keys missing from the run are
 # skipped; a figure with no data is still drawn, with a note, so the page layout is the same for every run. The
@@ -71,7 +69,7 @@ TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/retur
 def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """(header, step records sorted by step). The header is the first line holding "config"; a step logged
     twice (a resume) keeps its last record."""
-    lines = envs.read_jsonl(run_dir / "metrics.jsonl")
+    lines = runs.read_jsonl(run_dir / "metrics.jsonl")
     header = next((r for r in lines if "config" in r), {})
     if not header and (run_dir / "config.json").exists():
         header = {"config": json.loads((run_dir / "config.json").read_text())}
@@ -241,7 +239,7 @@ def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[t
 def render_transcript(episode: dict) -> str:
     """One logged episode: its outcome, then each turn's fields (whatever the rollout recorded) escaped."""
     head = (f"<p>seed {esc(episode.get('seed'))}, {'with' if episode.get('hinted') else 'without'} hint: return "
-            f"{fmt(episode.get('reward'))} in {esc(episode.get('turns'))} turns"
+            f"{fmt(episode.get('return', episode.get('reward')))} in {esc(episode.get('turns'))} turns"
             f"{', terminated' if episode.get('terminated') else ''}"
             f"{', failure ' + esc(episode['failure']) if episode.get('failure') else ''}</p>")
     turns = []
@@ -275,7 +273,7 @@ def env_section(step: int, py: Path, episode: dict | None) -> str:
 def envs_page(run_dir: Path) -> str:
     """Every envs/step_NNNNN/*.py with its .json scores and the first logged episode of (step, env_id)."""
     episodes: dict[tuple, dict] = {}
-    for r in envs.read_jsonl(run_dir / "samples.jsonl"):
+    for r in runs.read_jsonl(run_dir / "samples.jsonl"):
         if r.get("kind") == "episode":
             episodes.setdefault((r.get("step"), r.get("env_id")), r)
     sections, toc = [], []
@@ -317,23 +315,3 @@ def write_report(run_dir: str | Path) -> Path:
     index = out / "index.html"
     index.write_text(index_page(run_dir, header, records, figures), encoding="utf-8")
     return index
-
-
-def report_main(argv: list[str] | None = None) -> int:
-    """`spade-mini report RUN_DIR`: write the report and print where it is."""
-    parser = argparse.ArgumentParser(prog="spade-mini report", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
-    args = parser.parse_args(argv)
-    try:
-        index = write_report(args.run_dir)
-    except FileNotFoundError as err:
-        print(f"spade-mini: error: {err}", file=sys.stderr)
-        return 2
-    if not load_run(Path(args.run_dir))[1]:
-        print(f"{args.run_dir}: no completed steps yet; wrote a placeholder page")
-    print(f"report: {index}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(report_main())

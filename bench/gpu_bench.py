@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from types import SimpleNamespace
+import models
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,12 +66,12 @@ def build(shape: str, quantize: str, folder: str):
 
     config = Qwen3Config(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
-    device, dtype, quantized, reason = sm._decide_device(quantize)
+    device, dtype, quantized, reason = models._decide_device(quantize)
     with torch.device(device):
         AutoModelForCausalLM.from_config(config, dtype=dtype).save_pretrained(folder)
     torch.cuda.empty_cache() if device == "cuda" else None
-    model = sm._from_pretrained(folder, device, dtype, quantized, sm._attention("auto", device))
-    model = sm.add_lora(model, lora_r=32, lora_alpha=64, lora_dropout=0.0, gradient_checkpointing=True)
+    model = models._from_pretrained(folder, device, dtype, quantized, models._attention("auto", device))
+    model = models.add_lora(model, lora_r=32, lora_alpha=64, lora_dropout=0.0, gradient_checkpointing=True)
     report("device", device)
     report("reason", reason)
     report("attn_implementation", model.config._attn_implementation)

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GUESS_ENV = '''
 import random
 import re
+import models
 
 
 class GuessEnv:
@@ -80,9 +81,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     import sandbox
+    import models
     import spade_mini as sm
 
-    model, tok, info = sm.load_model(args.model, lora_r=16, lora_alpha=32, lora_dropout=0.0, quantize="auto",
+    model, tok, info = models.load_model(args.model, lora_r=16, lora_alpha=32, lora_dropout=0.0, quantize="auto",
                                      gradient_checkpointing=False, cache_dir=os.path.expanduser(args.cache_dir),
                                      seed=0)
     specs = [sm.EpisodeSpec(GUESS_ENV, seed, None, (seed,)) for seed in range(args.episodes)]
@@ -106,7 +108,7 @@ def main() -> None:
                         ("engine_generate_calls", engine_stats["generate_calls"]),
                         ("engine_sandbox_share", round(engine_stats["sandbox_s"] / engine_s, 3)),
                         ("engine_tokens_per_s", round(engine_tps, 1)),
-                        ("engine_mean_return", round(sum(e.reward for e in engine) / len(engine), 3))]:
+                        ("engine_mean_return", round(sum(e.episode_return for e in engine) / len(engine), 3))]:
         report(name, value)
 
     wall, cpu = time.time(), time.process_time()

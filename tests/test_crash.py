@@ -10,6 +10,8 @@ import pytest
 
 import envs
 import train
+import cli
+import runs
 from test_train import ECHO_ENV, TINY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,22 +30,22 @@ def test_sigkill_then_resume_leaves_valid_files_and_every_step_once(tmp_path, po
     out = tmp_path / "run"
     argv = [*TINY, "--steps", "2", "--out", str(out)] + (["--env-pool", str(pool)] if use_pool else [])
     env = {**os.environ, "SPADE_MINI_KILL_AT": f"{point}:1"}
-    killed = subprocess.run([sys.executable, str(ROOT / "train.py"), "train", *argv], env=env, cwd=tmp_path,
+    killed = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", *argv], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
 
-    assert train.main(["train", "--resume", str(out), "--steps", "2"]) == 0
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 0
     lines = (out / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]          # every line parses: nothing torn is left
     assert sum("config" in r for r in records) == 1
     assert [r["step"] for r in records if "step" in r] == [0, 1]
-    samples = envs.read_jsonl(out / "samples.jsonl")
+    samples = runs.read_jsonl(out / "samples.jsonl")
     assert {r["step"] for r in samples} <= {0, 1}
     assert len(samples) == len((out / "samples.jsonl").read_text().splitlines())
     memory = json.loads((out / "memory.json").read_text())
     ids = [r["env_id"] for r in memory["records"]]       # one record per designed environment, none twice
     assert len(ids) == len(set(ids))
-    assert set(ids) == {s["env_id"] for s in samples if s["kind"] == "env" and s["skill"] not in ("pool", "backfill")}
+    assert set(ids) == {s["env_id"] for s in samples if s["kind"] == "env" and s["origin"] == "designer"}
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000", "step_00001"]
     if use_pool:
         assert sorted(p.name for p in (out / "envs").iterdir()) == ["step_00000", "step_00001"]
@@ -54,10 +56,10 @@ def test_resume_from_a_corrupted_checkpoint_is_a_one_line_error(tmp_path, capsys
     pool.mkdir()
     (pool / "echo.py").write_text(ECHO_ENV)
     out = tmp_path / "run"
-    assert train.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
     (out / "checkpoints" / "step_00000" / "adapter_model.safetensors").write_bytes(b"not a tensor file")
     capsys.readouterr()
-    assert train.main(["train", "--resume", str(out), "--steps", "2"]) == 2
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unreadable" in err[0]
 
@@ -66,6 +68,6 @@ def test_resume_with_a_corrupted_config_is_a_one_line_error(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.json").write_text('{"model": "tiny-random", "steps": ')
-    assert train.main(["train", "--resume", str(out), "--steps", "2"]) == 2
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unreadable config.json" in err[0]

@@ -11,6 +11,9 @@ import torch
 
 import spade_mini as sm
 import train
+import cli
+import runs
+import models
 
 # The agent wins when the length of its action has the parity of the seed: about half of random replies, so
 # win rates sit inside the memory's positive band. solution() knows the parity.
@@ -76,13 +79,13 @@ class ScriptedDesigner:
         monkeypatch.setattr(sm, "generate", self.generate)
         monkeypatch.setattr(sm, "update", self.update)
         if fail_at:                      # a crash at one fault point of one step (as a SIGKILL would stop it)
-            real_fault = train.fault_point
+            real_fault = runs.fault_point
 
             def fault(name, step):
                 if (name, step) == fail_at:
                     raise RuntimeError(f"crash at {name}:{step}")
                 real_fault(name, step)
-            monkeypatch.setattr(train, "fault_point", fault)
+            monkeypatch.setattr(runs, "fault_point", fault)
 
     def generate(self, model, tok, prompts, **kw):
         texts = [tok.decode(p) for p in prompts]
@@ -119,7 +122,7 @@ def designed_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("designer") / "run"
     with pytest.MonkeyPatch.context() as mp:
         designer = ScriptedDesigner(mp)
-        assert train.main(["train", *ARGS, "--out", str(out)]) == 0
+        assert cli.main(["train", *ARGS, "--out", str(out)]) == 0
     return out, designer
 
 
@@ -170,7 +173,7 @@ def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advanta
         (tmp_path / "window.json").write_text(json.dumps(w["input"]))
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            assert train.main(["score", str(tmp_path / "window.json")]) == 0
+            assert cli.main(["score", str(tmp_path / "window.json")]) == 0
         assert json.loads(buf.getvalue().strip().splitlines()[-1]) == w["output"]
         scored = [e["designer_advantage"] for e in w["output"]["envs"] if e["designer_advantage"] != 0]
         trained = [s.advantage for s in designer.updates[update_index] if s.role == "designer"]
@@ -184,7 +187,7 @@ def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advanta
 def test_designer_samples_have_a_nonzero_lora_gradient(designed_run):
     _, designer = designed_run
     samples = [s for s in designer.updates[1] if s.role == "designer"]
-    model, _, _ = sm.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+    model, _, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
                                 gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
     model.zero_grad()
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
@@ -200,12 +203,12 @@ def test_a_resume_in_the_middle_of_a_window_gives_the_uninterrupted_metrics(desi
     with pytest.MonkeyPatch.context() as mp:
         ScriptedDesigner(mp, fail_at=("play", 3))
         with pytest.raises(RuntimeError, match="crash at play:3"):
-            train.main(["train", *ARGS, "--out", str(out)])
+            cli.main(["train", *ARGS, "--out", str(out)])
     state = json.loads((out / "checkpoints" / "step_00002" / "state.json").read_text())
     assert state["window"]["start"] == 2 and len(state["window"]["envs"]) == 2
     with pytest.MonkeyPatch.context() as mp:
         designer = ScriptedDesigner(mp)
-        assert train.main(["train", "--resume", str(out), "--steps", "4"]) == 0
+        assert cli.main(["train", "--resume", str(out), "--steps", "4"]) == 0
     assert designer.designer_prompts == []                # the window was not designed again
     def numbers(r):
         return {k: v for k, v in r.items() if not k.startswith("perf/")}

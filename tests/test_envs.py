@@ -12,6 +12,8 @@ import pytest
 
 import envs
 from sandbox import Limits
+import cli
+import runs
 
 ENV_DIR = Path(__file__).parent / "envs"
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -54,7 +56,7 @@ def solution_actions(code: str, seed: int) -> list[str]:
 
 def test_every_bad_fixture_has_an_expected_reason():
     assert sorted(BAD) == sorted(p.name for p in ENV_DIR.glob("bad_*.py"))
-    assert set(BAD.values()) <= set(envs.REASONS)
+    assert set(BAD.values()) <= set(envs.REJECTIONS)
 
 
 @pytest.mark.parametrize("name", GOOD)
@@ -190,23 +192,23 @@ def test_parse_step_rejects_wrong_shapes(raw):
 @pytest.mark.parametrize("seed", [0, 7])
 def test_play_scripted_solution_wins(name, seed):
     code = source(name)
-    result = envs.play_scripted(code, solution_actions(code, seed), seed=seed, max_turns=12, limits=LIMITS)
+    result = cli.play_scripted(code, solution_actions(code, seed), seed=seed, max_turns=12, limits=LIMITS)
     assert result["return"] == 1.0 and result["terminated"] and result["failure"] is None
     assert result["turns"] == len(result["transcript"]) - 1
 
 
 def test_play_scripted_wrong_answers_return_zero():
-    result = envs.play_scripted(source("guess.py"), ["\\boxed{-5}"] * 3, seed=0, max_turns=12, limits=LIMITS)
+    result = cli.play_scripted(source("guess.py"), ["\\boxed{-5}"] * 3, seed=0, max_turns=12, limits=LIMITS)
     assert result == {**result, "return": 0.0, "turns": 3, "terminated": False}
 
 
 def test_play_scripted_stops_at_max_turns():
-    result = envs.play_scripted(source("guess.py"), ["\\boxed{-5}"] * 20, seed=0, max_turns=4, limits=LIMITS)
+    result = cli.play_scripted(source("guess.py"), ["\\boxed{-5}"] * 20, seed=0, max_turns=4, limits=LIMITS)
     assert result["turns"] == 4
 
 
 def test_play_scripted_crash_in_step_returns_minus_one():
-    result = envs.play_scripted(source("bad_step_raises.py"), ["\\boxed{test}"], seed=0, max_turns=12,
+    result = cli.play_scripted(source("bad_step_raises.py"), ["\\boxed{test}"], seed=0, max_turns=12,
                                 limits=LIMITS)
     assert result["return"] == -1.0 and result["failure"] == "error"
 
@@ -329,8 +331,8 @@ def test_corrupted_memory_is_kept_aside_with_one_warning(tmp_path, capsys, conte
 # corpus
 
 def test_bundled_corpus_is_real_docs_deterministic_and_whole():
-    docs = envs.load_corpus(None)
-    assert len(docs) > 100 and docs == envs.load_corpus(None)
+    docs = runs.load_corpus(None)
+    assert len(docs) > 100 and docs == runs.load_corpus(None)
     assert all(len(d.split()) >= 150 for d in docs) and max(len(d.split()) for d in docs) > 6000
     assert any("sympy" in d.lower() for d in docs) and any("statement" in d for d in docs)
 
@@ -339,17 +341,17 @@ def test_jsonl_corpus_reads_text_and_orig_doc_and_counts_bad_lines(tmp_path, cap
     path = tmp_path / "corpus.jsonl"
     path.write_bytes(b'{"text": "first doc"}\n{"orig_doc": "second doc"}\nnot json\n\xff\xfe\n'
                      b'{"title": "no text"}\n[1, 2]\n\n{"text": "third"}')
-    assert envs.load_corpus(str(path)) == ["first doc", "second doc", "third"]
+    assert runs.load_corpus(str(path)) == ["first doc", "second doc", "third"]
     assert "skipped 4 of 8 corpus lines" in capsys.readouterr().err
 
 
 def test_jsonl_corpus_with_nothing_usable_is_a_clear_error(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text('{"title": "x"}\n')
-    with pytest.raises(envs.CorpusError, match="no usable documents"):
-        envs.load_corpus(path)
-    with pytest.raises(envs.CorpusError, match="not found"):
-        envs.load_corpus(tmp_path / "missing.jsonl")
+    with pytest.raises(runs.InputError, match="no usable documents"):
+        runs.load_corpus(path)
+    with pytest.raises(runs.InputError, match="not found"):
+        runs.load_corpus(tmp_path / "missing.jsonl")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -357,39 +359,39 @@ def test_jsonl_corpus_with_nothing_usable_is_a_clear_error(tmp_path):
 
 def test_write_atomic_replaces_and_leaves_no_temp_file(tmp_path):
     path = tmp_path / "state.json"
-    envs.write_atomic(path, "old")
-    envs.write_atomic(path, "new")
+    runs.write_atomic(path, "old")
+    runs.write_atomic(path, "new")
     assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["state.json"]
 
 
 def test_write_atomic_failure_keeps_the_old_file(tmp_path):
     path = tmp_path / "state.json"
-    envs.write_atomic(path, "old")
+    runs.write_atomic(path, "old")
     with pytest.raises(UnicodeEncodeError):
-        envs.write_atomic(path, "bad \udc80 text")
+        runs.write_atomic(path, "bad \udc80 text")
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["state.json"]
 
 
 def test_read_jsonl_ignores_a_torn_last_line(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2, "lo')
-    assert envs.read_jsonl(path) == [{"step": 0}, {"step": 1}]
+    assert runs.read_jsonl(path) == [{"step": 0}, {"step": 1}]
 
 
 def test_append_after_a_torn_line_keeps_both_records_readable(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 0}\n{"step": 1, "lo')
-    envs.append_jsonl(path, {"step": 1})
-    assert envs.read_jsonl(path) == [{"step": 0}, {"step": 1}]
+    runs.append_jsonl(path, {"step": 1})
+    assert runs.read_jsonl(path) == [{"step": 0}, {"step": 1}]
     assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
 
 
 def test_read_jsonl_skips_a_bad_middle_line_with_a_warning(tmp_path, capsys):
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 0}\ngarbage\n{"step": 1}\n')
-    assert envs.read_jsonl(path) == [{"step": 0}, {"step": 1}]
+    assert runs.read_jsonl(path) == [{"step": 0}, {"step": 1}]
     assert "skipped 1 unreadable lines" in capsys.readouterr().err
 
 
 def test_read_jsonl_missing_file_is_empty(tmp_path):
-    assert envs.read_jsonl(tmp_path / "nope.jsonl") == []
+    assert runs.read_jsonl(tmp_path / "nope.jsonl") == []

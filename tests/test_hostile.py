@@ -572,11 +572,12 @@ json._default_encoder = Forged()
 def test_overflowing_int_reward_fails_the_call_not_the_caller():
     """A reward with 400 digits passes JSON and float() would raise: validate rejects it as reward_range,
     a scripted play ends with return -1, neither raises."""
+    import cli
     import envs
     code = env(step="return 'obs', 10 ** 400, True, False, {}")
     verdict = envs.validate(code, Limits(call_timeout=2.0))
     assert not verdict.valid and verdict.reason == "reward_range"
-    played = envs.play_scripted(code, ["\\boxed{1}"], seed=0, limits=Limits(call_timeout=2.0))
+    played = cli.play_scripted(code, ["\\boxed{1}"], seed=0, limits=Limits(call_timeout=2.0))
     assert played["return"] == -1.0
 
 
@@ -811,6 +812,7 @@ import sys, time
 from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, {repo!r})
 import isolation, sandbox
+import cli
 # the environment has replaced the watchdog's descriptor (class 10): here the watchdog is simply not started
 isolation._CHILD_SOURCE = isolation._CHILD_SOURCE.replace("_thread.start_new_thread(_child_watchdog", "(lambda *a: 0)(0")
 code = "class SleepEnv:\\n    def step(self, action):\\n        import time\\n        time.sleep(1000)\\n"
@@ -848,8 +850,9 @@ def test_sandbox_dies_with_a_sigkilled_trainer_mid_call():
 
 
 def test_bad_reply_is_a_verdict_of_validate_not_an_exception():
+    import cli
     import envs
     code = env(prelude=forged_reply('{"ok": true, "value": ' + "[" * 5000 + "]" * 5000 + "}"))
     verdict = envs.validate(code, Limits(call_timeout=2.0))
     assert not verdict.valid and verdict.reason == "bad_reply"
-    assert envs.play_scripted(code, ["\\boxed{1}"], seed=0)["failure"] == "bad_reply"
+    assert cli.play_scripted(code, ["\\boxed{1}"], seed=0)["failure"] == "bad_reply"

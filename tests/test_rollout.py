@@ -9,6 +9,7 @@ import pytest
 import envs
 import sandbox
 import spade_mini as sm
+import models
 
 CACHE = os.path.expanduser(os.environ.get("SPADE_MINI_CACHE", "~/.cache/spade-mini"))
 
@@ -62,7 +63,7 @@ GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, seed=0)
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    model, tok, _ = sm.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
                                   gradient_checkpointing=False, cache_dir=CACHE, seed=0)
     return model, tok
 
@@ -81,7 +82,7 @@ def counter_specs(n: int) -> list[sm.EpisodeSpec]:
 
 
 def as_tuple(ep: sm.Episode):
-    return ep.token_ids, ep.loss_mask, ep.prompt_len, ep.reward, ep.turns, ep.terminated, ep.failure, ep.transcript
+    return ep.token_ids, ep.loss_mask, ep.prompt_len, ep.episode_return, ep.turns, ep.terminated, ep.failure, ep.transcript
 
 
 def test_batched_rollouts_equal_one_at_a_time_rollouts(tiny_model):
@@ -91,7 +92,7 @@ def test_batched_rollouts_equal_one_at_a_time_rollouts(tiny_model):
     single = [run(model, tok, [s])[0] for s in specs]
     assert [as_tuple(e) for e in batched] == [as_tuple(e) for e in single]
     assert [e.turns for e in batched] == [1, 2, 3, 1, 2]
-    assert all(e.terminated and e.reward == 1.0 and e.failure is None for e in batched)
+    assert all(e.terminated and e.episode_return == 1.0 and e.failure is None for e in batched)
 
 
 def test_kv_cache_reuse_across_turns_equals_full_recompute(tiny_model):
@@ -190,21 +191,21 @@ def test_hint_is_appended_to_first_observation(tiny_model):
 def test_exception_in_step_ends_episode_with_minus_one(tiny_model):
     model, tok = tiny_model
     ep = run(model, tok, [sm.EpisodeSpec(RAISING_ENV, 1, None, ())])[0]
-    assert ep.failure == "error" and ep.reward == -1.0 and ep.turns == 1 and not ep.terminated
+    assert ep.failure == "error" and ep.episode_return == -1.0 and ep.turns == 1 and not ep.terminated
     assert "bad move" in ep.transcript[-1]["error"]
 
 
 def test_contract_violation_ends_episode_with_minus_one(tiny_model):
     model, tok = tiny_model
     ep = run(model, tok, [sm.EpisodeSpec(FOUR_TUPLE_ENV, 1, None, ())])[0]
-    assert ep.failure == "contract" and ep.reward == -1.0 and ep.turns == 0
+    assert ep.failure == "contract" and ep.episode_return == -1.0 and ep.turns == 0
 
 
 def test_environment_that_fails_to_start_gets_a_failure_not_a_crash(tiny_model):
     model, tok = tiny_model
     eps = run(model, tok, [sm.EpisodeSpec("class Broken(:", 1, None, ()), counter_specs(1)[0]])
-    assert eps[0].failure == "syntax" and eps[0].reward == -1.0 and eps[0].token_ids == []
-    assert eps[1].failure is None and eps[1].reward == 1.0
+    assert eps[0].failure == "syntax" and eps[0].episode_return == -1.0 and eps[0].token_ids == []
+    assert eps[1].failure is None and eps[1].episode_return == 1.0
 
 
 def test_episode_token_budget_cuts_the_last_reply_and_ends_the_episode(tiny_model):
@@ -213,14 +214,14 @@ def test_episode_token_budget_cuts_the_last_reply_and_ends_the_episode(tiny_mode
     model, tok = tiny_model
     n1 = sum(run(model, tok, [counter_specs(3)[2]], max_turns=1)[0].loss_mask)  # greedy: the same reply again
     ep = run(model, tok, [counter_specs(3)[2]], max_episode_tokens=n1 + 3)[0]
-    assert sum(ep.loss_mask) == n1 + 3 and ep.turns == 1 and ep.reward == 0.0 and not ep.terminated
+    assert sum(ep.loss_mask) == n1 + 3 and ep.turns == 1 and ep.episode_return == 0.0 and not ep.terminated
     assert ep.truncated and ep.transcript[-1]["cut"] and ep.loss_mask[-3:] == [1, 1, 1] and ep.failure is None
 
 
 def test_max_turns_truncates_with_return_zero(tiny_model):
     model, tok = tiny_model
     ep = run(model, tok, [counter_specs(3)[2]], max_turns=2)[0]
-    assert ep.turns == 2 and not ep.terminated and ep.reward == 0.0
+    assert ep.turns == 2 and not ep.terminated and ep.episode_return == 0.0
     assert ep.transcript[-1]["truncated"] is True
 
 

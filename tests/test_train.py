@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import train
+import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +48,7 @@ def records(run: Path) -> list[dict]:
 
 def test_train_two_steps_writes_the_run_directory(tmp_path):
     out = tmp_path / "run"
-    assert train.main(["train", *TINY, "--steps", "2", "--out", str(out), "--invalid-penalty", "-0.5"]) == 0
+    assert cli.main(["train", *TINY, "--steps", "2", "--out", str(out), "--invalid-penalty", "-0.5"]) == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model"] == "tiny-random" and cfg["steps"] == 2
     metrics = records(out)
@@ -61,7 +62,7 @@ def test_train_two_steps_writes_the_run_directory(tmp_path):
     assert "design" in kinds
     memory = json.loads((out / "memory.json").read_text())
     designed = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    designed = {r["env_id"] for r in designed if r["kind"] == "env" and r["skill"] not in ("pool", "backfill")}
+    designed = {r["env_id"] for r in designed if r["kind"] == "env" and r["origin"] == "designer"}
     assert sorted(r["env_id"] for r in memory["records"]) == sorted(designed)
     ckpt = out / "checkpoints" / "step_00001"
     assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
@@ -69,7 +70,7 @@ def test_train_two_steps_writes_the_run_directory(tmp_path):
 
 def test_env_pool_run_trains_the_agent_and_saves_envs(tmp_path, pool):
     out = tmp_path / "run"
-    assert train.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
     (step,) = [r for r in records(out) if "step" in r]
     assert step["env/count"] == 2
     assert step["agent/return_nohint"] is not None
@@ -81,8 +82,8 @@ def test_env_pool_run_trains_the_agent_and_saves_envs(tmp_path, pool):
 
 def test_resume_continues_at_the_next_step_without_duplicates(tmp_path, pool):
     out = tmp_path / "run"
-    assert train.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
-    assert train.main(["train", "--resume", str(out), "--steps", "3"]) == 0
+    assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 0
     assert [r["step"] for r in records(out) if "step" in r] == [0, 1, 2]
     assert sum("config" in r for r in records(out)) == 1
     assert (out / "checkpoints" / "step_00002" / "state.json").exists()
@@ -91,13 +92,13 @@ def test_resume_continues_at_the_next_step_without_duplicates(tmp_path, pool):
 def test_bad_config_values_get_one_line_errors(capsys):
     for argv in (["train", "--preset", "huge"], ["train", "--plays", "-1"], ["train", "--model", "/no/such/model"],
                  ["train", "--skills", "Juggling"], ["train", "--designer-reward", "vibes"]):
-        assert train.main(argv) == 2
+        assert cli.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("spade-mini: error:")
 
 
 def test_cli_help_lists_config_fields():
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), "train", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--help"], capture_output=True,
                          text=True, check=True).stdout
     for flag in ("--envs-per-step", "--no-designer-training", "--env-pool",
                  "--designer-reward", "--resume"):
@@ -107,12 +108,12 @@ def test_cli_help_lists_config_fields():
 def test_validate_and_play_cli_on_a_file(tmp_path, capsys):
     env = tmp_path / "echo.py"
     env.write_text(ECHO_ENV)
-    assert train.main(["validate", str(env), "--json"]) == 0
+    assert cli.main(["validate", str(env), "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert verdict["valid"] is True and verdict["class_name"] == "EchoEnv" and isinstance(verdict["checks"], dict)
     actions = tmp_path / "actions.txt"
     actions.write_text("\\boxed{ab}\n")
-    assert train.main(["play", str(env), "--actions", str(actions)]) == 0
+    assert cli.main(["play", str(env), "--actions", str(actions)]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result == {"return": 1.0, "turns": 1, "terminated": True}
 
@@ -120,7 +121,7 @@ def test_validate_and_play_cli_on_a_file(tmp_path, capsys):
 def test_validate_rejects_a_broken_file_with_exit_1(tmp_path, capsys):
     env = tmp_path / "broken.py"
     env.write_text("class BrokenEnv:\n    def reset(self\n")
-    assert train.main(["validate", str(env), "--json"]) == 1
+    assert cli.main(["validate", str(env), "--json"]) == 1
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["reason"] == "syntax"
 
 
@@ -149,7 +150,7 @@ def test_a_hanging_environment_is_counted_and_does_not_stop_the_run(tmp_path, po
     out = tmp_path / "run"
     argv = ["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(hostile), "--plays", "6",
             "--call-timeout", "1", "--agent-max-new-tokens", "48", "--agent-max-episode-tokens", "144"]
-    assert train.main(argv) == 0
+    assert cli.main(argv) == 0
     (step,) = [r for r in records(out) if "step" in r]
     assert step["env/hung"] == 1 and step["sandbox/timeouts"] >= 1
     assert step["loss/samples_agent"] > 0          # the healthy environment still trains the agent
@@ -161,13 +162,13 @@ def test_one_step_with_the_real_smollm2_model(tmp_path):
     small = ["--model", "smollm2-135m", "--steps", "1", "--envs-per-step", "2", "--design-attempts", "1",
              "--designer-max-new-tokens", "96", "--plays", "2", "--hinted-plays", "2", "--max-turns", "2",
              "--agent-max-new-tokens", "24", "--agent-max-episode-tokens", "48", "--hint-max-new-tokens", "24"]
-    assert train.main(["train", *small, "--out", str(tmp_path / "design")]) == 0
+    assert cli.main(["train", *small, "--out", str(tmp_path / "design")]) == 0
     (step,) = [r for r in records(tmp_path / "design") if "step" in r]
     assert step["designer/attempts"] == 2 and step["designer/valid_rate"] is not None
     pool = tmp_path / "pool"
     pool.mkdir()
     (pool / "guess.py").write_text((ROOT / "examples" / "guess.py").read_text())
-    assert train.main(["train", *small, "--out", str(tmp_path / "play"), "--env-pool", str(pool)]) == 0
+    assert cli.main(["train", *small, "--out", str(tmp_path / "play"), "--env-pool", str(pool)]) == 0
     (step,) = [r for r in records(tmp_path / "play") if "step" in r]
     assert step["env/count"] == 2 and step["agent/return_nohint"] is not None
     episodes = [json.loads(line) for line in (tmp_path / "play" / "samples.jsonl").read_text().splitlines()]
@@ -178,7 +179,7 @@ def test_eval_every_logs_held_out_scores_for_the_base_and_each_step(tmp_path, po
     out = tmp_path / "run"
     argv = ["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool), "--eval-every", "1",
             "--eval-limit", "1", "--eval-pool", str(pool)]
-    assert train.main(argv) == 0
+    assert cli.main(argv) == 0
     scored = {r["step"]: r for r in records(out) if "eval/score" in r}
     assert sorted(scored) == [-1, 0]                 # the untrained base, then after step 0
     for r in scored.values():
