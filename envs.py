@@ -3,14 +3,14 @@
 The idea: an environment is untrusted text written by a language model. It only ever runs in the sandbox
 (sandbox.py); this module decides whether it is an environment at all (validate: every check runs inside
 the sandbox), turns the agent's replies into actions and episodes into returns, renders the prompts the
-model reads (prompts/*.txt, plain text), and keeps the run's data on disk: the environment memory, the
-grounding corpus and crash-safe JSON files.
+model reads (prompts/*.txt, plain text), and keeps the environment memory.
 
 The contract (duck-typed; SPADE_METHOD.md): a class whose name ends in `Env`, `__init__(max_turns=12)` (built
 with its own defaults; the runner then caps max_turns, never raises it),
 `reset(seed) -> (obs, info)` (bare str tolerated), `step(action) -> (obs, reward, terminated, truncated,
 info)` with real bools, optional `solution()`. The same seed must give the same episode.
 """
+import dataclasses
 import hashlib
 import json
 import math
@@ -78,14 +78,11 @@ class Verdict:
     max_turns: int | None = None  # the instance's own max_turns after the runner's cap
 
     def to_json(self) -> dict:
-        out = {"valid": self.valid, "reason": self.reason, "class_name": self.class_name, "checks": self.checks,
-               "max_turns": self.max_turns}
-        return out | ({"detail": self.detail} if self.detail else {})
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "detail" or v}
 
     @classmethod
     def from_json(cls, d: dict) -> "Verdict":
-        return cls(d["valid"], d["reason"], d.get("class_name"), d.get("checks", {}), d.get("detail", ""),
-                   d.get("max_turns"))
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 def extract_code(text: str | bytes) -> str | None:
@@ -206,16 +203,6 @@ def solution_actions(raw) -> list[str] | None:
     if isinstance(raw, list) and raw and all(isinstance(a, str) for a in raw):
         return list(raw)
     return None
-
-
-def reference_solution(code: str, seed: int, max_turns: int, limits: Limits) -> tuple[str, list[str] | None]:
-    """(first observation, solution actions) of an episode from a fresh sandboxed instance; ("", None) if
-    unavailable (no solution(), a goal description, or a value that is no action list)."""
-    try:
-        with open_env(code, max_turns, limits) as env:
-            return parse_reset(env.call("reset", seed)), solution_actions(env.call("solution"))
-    except (SandboxError, ContractError):
-        return "", None
 
 
 def _solvable(code: str, max_turns: int, limits: Limits) -> bool | None:
@@ -459,17 +446,13 @@ def designer_prompt(skill: str, document: str | None, positives: list[dict], neg
 
 
 def _memory_block(positives: list[dict], negative: dict | None) -> str:
-    parts = []
-    if positives:
-        parts.append("\nPast environments of this skill that the agent solves only sometimes. Write a new, "
-                     "harder or different variant; do not copy them:")
-    for rec in positives:
-        parts.append(f"### {rec['env_id']} (win rate {rec['win_rate']:.2f}, regret {rec['regret']:.2f})\n"
-                     f"```python\n{rec['code'][:MEMORY_CODE_CHARS].rstrip()}\n```")
+    """The memory examples of a designer prompt (prompts/memory_*.txt); empty without any."""
+    parts = [_template("memory_positives.txt")] if positives else []
+    parts += [_fill("memory_example.txt", env_id=r["env_id"], win_rate=f"{r['win_rate']:.2f}",
+                    regret=f"{r['regret']:.2f}", code=r["code"][:MEMORY_CODE_CHARS].rstrip()) for r in positives]
     if negative is not None:
-        kind = "too easy" if negative["win_rate"] > 0.5 else "too hard"
-        parts.append(f"\nAvoid environments like {env_name(negative)} (win rate {negative['win_rate']:.2f}: "
-                     f"{kind} for the agent).")
+        parts.append(_fill("memory_negative.txt", env_name=env_name(negative), win_rate=f"{negative['win_rate']:.2f}",
+                           kind="too easy" if negative["win_rate"] > 0.5 else "too hard"))
     return "\n".join(parts) + ("\n" if parts else "")
 
 
@@ -515,17 +498,11 @@ class Memory:
 
     def _load(self) -> list[dict]:
         """The saved records; a corrupted file is moved aside with a one-line warning (never a traceback)."""
-        try:
-            records = json.loads(self.path.read_bytes().decode("utf-8"))["records"]
-            for record in records:
+        def records(data) -> list[dict]:
+            for record in data["records"]:
                 self._check(record)
-            return records
-        except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError and UnicodeError are ValueErrors
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            os.replace(self.path, aside)
-            why = f"{type(err).__name__}: {err}"[:100].replace("\n", " ")
-            runs.warn(f"{self.path} is corrupted ({why}); moved to {aside}, starting with an empty memory")
-            return []
+            return data["records"]
+        return runs.read_json_or_set_aside(self.path, records, "starting with an empty memory") or []
 
     def add(self, record: dict) -> None:
         self._check(record)

@@ -1,36 +1,34 @@
-"""The model outside the self-play step: load it, checkpoint it, and evaluate it on held-out tasks.
+"""The model as an engine: load it, generate with it, checkpoint it.
 
 A support module (a first read of the method may skip it). Loading takes an HF id, a local directory, a GGUF
 file, the bundled SmolLM2 or a tiny random model for tests, and puts LoRA on every linear layer (QLoRA on
 CUDA); one place decides device, dtype and quantization and says why, and gradient checkpointing is proven on
-(a layer runs twice), not assumed. spade_mini.py generates with the model and trains its LoRA weights; train.py
-saves and restores them here. Held-out evaluation asks whether self-play, which trains only on environments the
-model wrote itself, makes it better at reasoning it never trained on (`spade-mini eval`, `train --eval-every`).
+(a layer runs twice), not assumed. `generate` is one plain HF `generate` over left-padded prompts with an
+explicit seed; `generate_turn` is the rollout engine's fast path, which keeps the KV cache across the turns of
+spade_mini.play. train.py saves and restores checkpoints here.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import random
+import resource
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import reasoning_gym
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, LlamaConfig
+from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GenerationConfig, LlamaConfig,
+                          StoppingCriteriaList)
 from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
 
-import envs
 import runs
-import spade_mini
-from sandbox import Limits
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -228,6 +226,204 @@ def load_for_eval(name: str, adapter: Path | None, merge: bool = True, **load_kw
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# generation: prompts in the model's chat template; one HF `generate` over left-padded rows, explicit seed,
+# cut after the stop token; the rollout engine's KV-cache reuse across turns (generate_turn); optional static-
+# cache shape buckets
+
+def chat_ids(tok, user_text: str, thinking: bool = False) -> list[int]:
+    """Token ids of a one-message conversation in the tokenizer's own chat template, ready to generate.
+
+    note: the template text is tokenized with add_special_tokens=False: templates write BOS themselves.
+    note: enable_thinking reaches every template; hybrid ones (Qwen3-8B) think unless it is False, the others
+    ignore it.
+    """
+    text = tok.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+                                   add_generation_prompt=True, enable_thinking=thinking)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+_PROBE_REPLY, _PROBE_OBS = "\x01REPLY\x01", "\x01OBSERVATION\x01"
+
+
+def turn_frame(tok, thinking: bool = False) -> tuple[str, str]:
+    """(close, open): the template text after an assistant reply and before the next reply, around an observation.
+
+    Found by rendering a probe conversation with marker strings, so it holds for any template that inserts
+    message contents verbatim (ChatML/SmolLM2, Qwen, Llama 3, ...).
+    """
+    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_REPLY},
+            {"role": "user", "content": _PROBE_OBS}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
+    after_reply = text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):]
+    close, open_ = after_reply.split(_PROBE_OBS)
+    return close, open_
+
+
+def observation_ids(tok, observation: str, reply_ids: list[int], frame: tuple[str, str] | None = None) -> list[int]:
+    """Token ids that follow a generated reply: the rest of the reply's turn, the observation, the next prompt.
+
+    subtle: the model already generated the turn's stop token (SmolLM2: `<|im_end|>`); the template's closing
+    text starts with that same token, so it is dropped here, and kept when max_new_tokens cut the reply.
+    """
+    close, open_ = frame or turn_frame(tok)
+    if reply_ids and reply_ids[-1] in tok.all_special_ids and close.startswith(tok.decode(reply_ids[-1:])):
+        close = close[len(tok.decode(reply_ids[-1:])):]
+    return tok(close + observation + open_, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    completion_ids: list[int]  # generated ids, cut after the first stop token (which is kept)
+    text: str                  # the completion decoded without special tokens
+    finished: bool = False     # True when it ended with a stop token, False when max_new_tokens cut it
+
+
+def stop_ids(model, tok) -> set[int]:
+    """The tokenizer's eos plus every eos of the model's generation config (Qwen3 has two)."""
+    ids = {tok.eos_token_id}
+    extra = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(extra if isinstance(extra, list) else [extra])
+    return {i for i in ids if i is not None}
+
+
+# Static KV cache (opt-in, for CUDA; never measured here -- bench/gpu_bench.py does it on a lent GPU): a compiled
+# decode step has the shape (batch, cache length), so both are rounded up to a few buckets; after one compile per
+# bucket, later turns and steps reuse the graphs. play() then re-prefills each turn (no cache reuse across turns).
+STATIC_BATCH_BUCKETS = (1, 4, 16, 64, 256)
+STATIC_PROMPT_MULTIPLE = 256  # prompt width rounded up to a multiple of this (extra left padding)
+
+
+def _bucket(n: int, buckets: tuple[int, ...]) -> int:
+    return next((b for b in buckets if b >= n), buckets[-1] * math.ceil(n / buckets[-1]))
+
+
+class _DummyRowsDone:
+    """Stopping criterion that marks the batch-bucket filler rows as finished from the first step."""
+
+    def __init__(self, n_real: int, n_rows: int, device):
+        self.done = torch.arange(n_rows, device=device) >= n_real  # (B,)
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.Tensor:
+        return self.done
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), each (B, width), rows right-aligned."""
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row):] = torch.tensor(row)
+            mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_real: int, max_new_tokens: int,
+                 temperature: float, top_p: float, top_k: int, seed: int, static_cache: bool):
+    """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given. -> (ids (B, T + N), cache)."""
+    sample = temperature > 0
+    # subtle: an unset (None) field is filled from the model's generation_config (Qwen3: top_k 20, T 0.7) and
+    # then HF's defaults (top_k 50), so sampling sets every knob; top_k 0 and top_p 1 mean off. Greedy uses none.
+    knobs = dict(temperature=temperature, top_p=top_p, top_k=top_k) if sample else {}
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample, repetition_penalty=1.0,
+                              pad_token_id=tok.pad_token_id, eos_token_id=sorted(stop_ids(model, tok)),
+                              use_cache=True, return_dict_in_generate=True, **knobs)
+    criteria = StoppingCriteriaList()
+    if static_cache:
+        config.cache_implementation = "static"
+        # cache length in powers of two: HF keeps the largest cache seen, so it settles after a few calls
+        config.max_cache_len = 1 << max(10, math.ceil(math.log2(ids.shape[1] + max_new_tokens)))
+        criteria.append(_DummyRowsDone(n_real, ids.shape[0], model.device))
+    devices = [model.device] if model.device.type == "cuda" else []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(seed)  # subtle: HF samples from the global RNG; fork_rng keeps the caller's intact
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                 stopping_criteria=criteria, **({"cache": cache} if cache is not None else {}))
+    finally:
+        model.train(was_training)
+    return out.sequences, out.cache  # (B, T + N)
+
+
+def _completion(tok, prompt: list[int], row: list[int], stops: set[int]) -> Completion:
+    cut = next((j + 1 for j, t in enumerate(row) if t in stops), None)
+    kept = row[:cut] if cut else row
+    return Completion(list(prompt), kept, tok.decode(kept, skip_special_tokens=True), finished=cut is not None)
+
+
+def generate(model, tok, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
+             top_k: int, seed: int, static_cache: bool = False) -> list[Completion]:
+    """One batched HF `generate` over all prompts (left-padded). temperature 0 = greedy; top_k 0 = off.
+
+    static_cache=True: StaticCache with batch and widths rounded up to buckets (filler rows are copies of the
+    first prompt, stopped at once); HF compiles the decode step only on CUDA, so on CPU this only pads.
+    """
+    if not prompts:
+        return []
+    rows, width = list(prompts), max(len(p) for p in prompts)
+    if static_cache:
+        rows += [prompts[0]] * (_bucket(len(prompts), STATIC_BATCH_BUCKETS) - len(prompts))
+        width = STATIC_PROMPT_MULTIPLE * math.ceil(width / STATIC_PROMPT_MULTIPLE)
+    ids, mask = _left_pad(rows, tok.pad_token_id, width, model.device)  # (B, T), (B, T)
+    out, _ = _hf_generate(model, tok, ids, mask, cache=None, n_real=len(prompts), max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, static_cache=static_cache)
+    stops = stop_ids(model, tok)
+    return [_completion(tok, p, row, stops) for p, row in zip(prompts, out[: len(prompts), width:].tolist())]
+
+
+@dataclass
+class TurnBatch:
+    """The rows of the last turn as the model saw them: padded ids and mask (B, W) and their KV cache."""
+    rows: list[int]        # episode index of each row
+    ids: torch.Tensor      # (B, W) every column generate saw or produced, pads included
+    mask: torch.Tensor     # (B, W) 1 on each episode's real tokens, 0 on pads and on tokens after a stop token
+    cache: object          # HF DynamicCache of all but the last column
+
+
+def generate_turn(model, tok, rows: list[int], sequences: list[list[int]], prev: TurnBatch | None,
+                  deltas: list[list[int]], **gen) -> tuple[list[Completion], TurnBatch]:
+    """One generate for the rows (episode indices) whose token sequences are given. With `prev`, only the new
+    tokens are prefilled: the kept rows of the last turn's cache continue, each with its delta (the tokens
+    added since) appended right-aligned, pads in between.
+
+    subtle: positions come from the attention mask's cumulative sum (HF does this), so the pads in the middle
+    shift nothing; the tokens a finished row generated after its stop token are pads too (mask 0).
+    """
+    if prev is None:
+        ids, mask = _left_pad(sequences, tok.pad_token_id, max(map(len, sequences)), model.device)  # (B, W)
+        cache = None
+    else:
+        keep = torch.tensor([prev.rows.index(i) for i in rows], device=model.device)  # (B,)
+        prev.cache.batch_select_indices(keep)
+        seg, seg_mask = _left_pad(deltas, tok.pad_token_id, max(map(len, deltas)), model.device)  # (B, D)
+        ids, mask = torch.cat([prev.ids[keep], seg], 1), torch.cat([prev.mask[keep], seg_mask], 1)  # (B, W + D)
+        cache = prev.cache
+    out, cache = _hf_generate(model, tok, ids, mask, cache=cache, n_real=len(rows), static_cache=False, **gen)
+    stops = stop_ids(model, tok)
+    new_ids = out[:, ids.shape[1]:].tolist()  # (B, N)
+    replies = [_completion(tok, seq, row, stops) for seq, row in zip(sequences, new_ids)]
+    lengths = torch.tensor([len(r.completion_ids) for r in replies], device=model.device)  # (B,)
+    grown = torch.arange(out.shape[1] - ids.shape[1], device=model.device)[None, :] < lengths[:, None]  # (B, N)
+    return replies, TurnBatch(list(rows), out, torch.cat([mask, grown.long()], 1), cache)
+
+
+def reset_peak_memory(model) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_mb(model) -> float:
+    """The peak CUDA memory allocated since reset_peak_memory; on CPU the process's peak resident memory so far
+    (not this call's alone)."""
+    if model.device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # Linux reports KiB
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # checkpoints: LoRA adapter (peft format), optimizer, RNG and the caller's files, written to a temp dir then renamed
 
 def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep: int) -> None:
@@ -264,157 +460,3 @@ def load_checkpoint(folder: Path, model, optimizer) -> dict:
         return json.loads((folder / "state.json").read_text())
     except Exception as err:
         raise ValueError(f"checkpoint {folder} is unreadable ({type(err).__name__}: {err})") from err
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# held-out evaluation, two measurements, both deterministic for a given checkpoint (greedy decoding, explicit seeds):
-# 1. reasoning-gym (the paper's largest gain, +14-18): a fixed, seeded set of procedurally generated problems
-# from four categories, `limit` items each. Each question is asked once in the agent's format ("put your
-# final answer within \boxed{}"); the answer is the first boxed content, scored by reasoning-gym's own
-# `score_answer` (1 = correct; some generators give partial credit; no boxed answer = 0). The overall score
-# is the mean of the category means, so every category weighs the same. reasoning-gym generates offline;
-# item i of a dataset depends only on (seed, i), so `--limit 20` is a prefix of `--limit 50`.
-# 2. environment pool: a folder of held-out environments (*.py) played by the agent exactly as in training
-# (spade_mini.play, no hint), `plays` seeds each; win rate = share of plays with return > 0 (the memory's
-# definition). Programs that fail envs.validate are skipped and listed.
-
-# category -> reasoning-gym generator, each with reasoning-gym 0.1.25's default configuration. Chosen because
-# they generate offline in milliseconds and have short answers that fit in \boxed{} (propositional_logic and
-# rush_hour fail to generate in 0.1.25; tower_of_hanoi's answers run to dozens of lines).
-CATEGORIES = {
-    "arithmetic": "basic_arithmetic",   # "Calculate ( -6 + -77 - 8 + -38 )."
-    "algorithmic": "word_sorting",      # sort words by ASCII order, answer a comma-separated list
-    "logic": "syllogism",               # does the conclusion follow? Yes / No
-    "games": "maze",                    # minimum number of steps through an ASCII maze
-}
-INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
-
-
-@dataclass(frozen=True)
-class Item:
-    category: str
-    dataset: str      # reasoning-gym generator name (its score_answer scores the item)
-    index: int        # position in the seeded dataset
-    entry: dict       # reasoning-gym's item: question, answer, metadata (score_answer needs all three)
-
-    @property
-    def prompt(self) -> str:
-        return self.entry["question"] + INSTRUCTION
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the item set and its scoring (no model needed)
-
-def eval_items(limit: int, seed: int, categories: dict[str, str] = CATEGORIES) -> list[Item]:
-    """`limit` items per category from reasoning-gym's generators, all seeded with `seed`; same seed, same set."""
-    if limit < 1:
-        raise runs.InputError(f"--limit must be >= 1 (got {limit})")
-    items = []
-    for category, name in categories.items():
-        data = reasoning_gym.create_dataset(name, size=limit, seed=seed)
-        items += [Item(category, name, i, data[i]) for i in range(limit)]
-    return items
-
-
-def extract_answer(text: str) -> str | None:
-    """The first \\boxed{...} content, stripped (reasoning-gym scores ' No' and 'No ' below 'No').
-
-    >>> extract_answer("so 3 + 4 = 7, hence \\\\boxed{ 7 } and not \\\\boxed{8}")
-    '7'
-    >>> extract_answer("7") is None
-    True
-    """
-    boxed = envs.first_boxed(text)
-    return None if boxed is None else boxed.strip()
-
-
-def score_item(item: Item, completion: str) -> float:
-    """reasoning-gym's own score of the first boxed answer; no boxed answer scores 0."""
-    answer = extract_answer(completion)
-    if answer is None:
-        return 0.0
-    return float(reasoning_gym.get_score_answer_fn(item.dataset)(answer, item.entry))
-
-
-def answer_tokens(agent_max_new_tokens: int) -> int:
-    """Tokens per held-out answer: twice an agent turn's budget (answers have no turns to continue in), >= 128.
-
-    >>> answer_tokens(64), answer_tokens(512)
-    (128, 1024)
-    """
-    return max(128, 2 * agent_max_new_tokens)
-
-
-def summarize(items: list[Item], scores: list[float]) -> dict:
-    """Mean per category, then the unweighted mean over categories."""
-    per: dict[str, list[float]] = {}
-    for item, s in zip(items, scores):
-        per.setdefault(item.category, []).append(s)
-    categories = {c: sum(v) / len(v) for c, v in per.items()}
-    return {"score": sum(categories.values()) / len(categories) if categories else 0.0, "categories": categories}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# with a model
-
-def evaluate(model, tok, *, limit: int, seed: int = 0, max_new_tokens: int = 256, batch_size: int = 16,
-             categories: dict[str, str] = CATEGORIES, progress: bool = False) -> dict:
-    """Answer every item greedily, in batches of similar length; returns {"score", "categories", "answered"
-    (share with a boxed answer), "n", "eval_s", "items" (per item: category, index, answer, expected, score,
-    completion)}."""
-    t0 = time.time()
-    items = eval_items(limit, seed, categories)
-    prompts = [spade_mini.chat_ids(tok, item.prompt) for item in items]
-    # similar lengths share a batch: less left padding, and the order is fixed, so results are reproducible
-    order = sorted(range(len(items)), key=lambda i: (len(prompts[i]), i))
-    texts: list[str] = [""] * len(items)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        outs = spade_mini.generate(model, tok, [prompts[i] for i in chunk], max_new_tokens=max_new_tokens,
-                                   temperature=0.0, top_p=1.0, top_k=0, seed=seed)  # temperature 0 = greedy
-        for i, out in zip(chunk, outs):
-            texts[i] = out.text
-        if progress:  # stderr: with --json, stdout's last line must stay the result
-            print(f"eval: {start + len(chunk)}/{len(items)} answered ({time.time() - t0:.0f}s)", file=sys.stderr,
-                  flush=True)
-    scores = [score_item(item, text) for item, text in zip(items, texts)]
-    details = [{"category": it.category, "index": it.index, "answer": extract_answer(t),
-                "expected": it.entry["answer"], "score": s, "completion": t} for it, t, s in zip(items, texts, scores)]
-    return {**summarize(items, scores), "answered": sum(d["answer"] is not None for d in details) / len(items),
-            "n": len(items), "eval_s": round(time.time() - t0, 2), "items": details}
-
-
-def pool_win_rate(model, tok, folder: str | Path, *, plays: int = 4, seed: int = 0, max_turns: int = 12,
-                  max_new_tokens: int = 256, max_episode_tokens: int = 2048, limits: Limits = Limits()) -> dict:
-    """Play every valid environment of `folder` `plays` times without a hint (greedy; the plays differ by
-    environment seed). Returns {"pool_win_rate", "pool_return", "pool_envs": {name: win rate}, "pool_skipped"}."""
-    t0 = time.time()
-    pool, skipped = envs.load_folder(folder, "--env-pool", limits, max_turns)
-    specs = [spade_mini.EpisodeSpec(code, envs.derive_seed(seed, 0, "eval-pool", j * 1000 + i), None, (name, i))
-             for j, (name, code) in enumerate(pool) for i in range(plays)]
-    episodes = spade_mini.play(model, tok, specs, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                               max_episode_tokens=max_episode_tokens, temperature=0.0, top_p=1.0, top_k=0,
-                               seed=seed, limits=limits) if specs else []
-    wins: dict[str, list[float]] = {}
-    for ep in episodes:
-        wins.setdefault(ep.spec.key[0], []).append(float(ep.episode_return > 0))
-    return {"pool_win_rate": sum(float(ep.episode_return > 0) for ep in episodes) / len(episodes) if episodes else None,
-            "pool_return": sum(ep.episode_return for ep in episodes) / len(episodes) if episodes else None,
-            "pool_envs": {name: sum(w) / len(w) for name, w in wins.items()}, "pool_skipped": skipped,
-            "pool_s": round(time.time() - t0, 2)}
-
-
-def eval_metrics(model, tok, *, limit: int, seed: int, max_new_tokens: int, env_pool: str = "",
-                 pool_plays: int = 4, max_turns: int = 12, max_episode_tokens: int = 2048,
-                 limits: Limits = Limits()) -> dict:
-    """The held-out scores as flat metrics.jsonl keys: eval/score, eval/<category>, eval/answered and, with a
-    pool, eval/pool_win_rate."""
-    result = evaluate(model, tok, limit=limit, seed=seed, max_new_tokens=max_new_tokens)
-    # eval/answered: share of answers in \boxed{} at all -- a small model's first gain is often the format
-    out = {"eval/score": result["score"], **{f"eval/{c}": s for c, s in result["categories"].items()},
-           "eval/answered": result["answered"], "perf/eval_s": result["eval_s"]}
-    if env_pool:
-        pool = pool_win_rate(model, tok, env_pool, plays=pool_plays, seed=seed, max_turns=max_turns,
-                             max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens, limits=limits)
-        out.update({"eval/pool_win_rate": pool["pool_win_rate"], "perf/eval_pool_s": pool["pool_s"]})
-    return out

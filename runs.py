@@ -4,20 +4,17 @@ A support module (a first read of the method may skip it). A run directory holds
 (the resolved config first, then one record per step), samples.jsonl (designer attempts with verdicts, window
 scores, environments, a few episodes), memory.json, envs/step_NNNNN/ (each program and, at its window's end,
 its scores) and checkpoints/. Files are replaced atomically or appended line by line; readers tolerate a torn
-last line. Also here: the grounding corpus (files a run reads), the statistics logged about the designer's
-environments (diversity, leakage, size), the step's metrics record and printed line, and the one error class
-for bad user input.
+last line. Also here: the grounding corpus (files a run reads), the step's metrics record and printed line,
+and the one error class for bad user input.
 
-No torch (numpy only, for the Vendi score), so `validate`, `play` and `report` never wait for it.
+Standard library only, so `validate`, `play` and `report` never wait for torch or numpy.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import json
-import math
 import os
-import re
 import shutil
 import signal
 import sys
@@ -25,8 +22,6 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-
-import numpy as np
 
 
 class InputError(ValueError):
@@ -98,6 +93,19 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if bad:
         warn(f"skipped {bad} unreadable lines in {path}")
     return out
+
+
+def read_json_or_set_aside(path: Path, parse, what_next: str):
+    """parse(the JSON in path); a file that does not parse (bad JSON or UTF-8, a missing key, a wrong type) is
+    renamed to <path>.corrupt with a one-line warning that ends in `what_next`, and None is returned."""
+    try:
+        return parse(json.loads(path.read_bytes().decode("utf-8")))
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError and UnicodeError are ValueErrors
+        aside = path.with_name(path.name + ".corrupt")
+        os.replace(path, aside)
+        why = f"{type(err).__name__}: {err}"[:100].replace("\n", " ")
+        warn(f"{path} is corrupted ({why}); moved to {aside}, {what_next}")
+        return None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -226,145 +234,6 @@ def _jsonl_docs(path: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# statistics of the designer's environments: diversity, leakage, size
-
-def vendi_score(similarity: np.ndarray) -> float:
-    """Vendi score exp(-sum_i l_i log l_i), l_i = eigenvalues of K / n: the effective number of distinct items.
-
-    K must be symmetric positive semi-definite with ones on the diagonal. Worked example,
-    K = [[1, 0.5], [0.5, 1]]: K / 2 has eigenvalues 0.75 and 0.25; entropy = -(0.75 ln 0.75 + 0.25 ln 0.25)
-    = 0.2158 + 0.3466 = 0.5623; exp(0.5623) = 1.7548. Identical items score 1, orthogonal ones score n.
-
-    >>> round(vendi_score(np.array([[1.0, 0.5], [0.5, 1.0]])), 4)
-    1.7548
-    >>> round(vendi_score(np.ones((3, 3))), 6), round(vendi_score(np.eye(3)), 6)
-    (1.0, 3.0)
-    """
-    k = np.asarray(similarity, dtype=np.float64)
-    n = k.shape[0]
-    if n == 0:
-        return 0.0
-    eig = np.linalg.eigvalsh(k / n)
-    eig = eig[eig > 1e-12]  # subtle: round-off gives tiny negative eigenvalues; 0 log 0 = 0 anyway
-    return float(math.exp(-np.sum(eig * np.log(eig))))
-
-
-_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+|\S")
-
-
-def code_vectors(codes: list[str], n: int = 3) -> np.ndarray:
-    """Binary bag of token n-grams per program, shape (len(codes), vocabulary): the diversity representation.
-
-    Tokens are identifiers, digit runs and single punctuation characters (a regex, so broken code works
-    too); a program's vector marks which n-grams of consecutive tokens it contains. Presence rather than
-    counts keeps boilerplate such as `self .` from dominating the cosine.
-
-    >>> code_vectors(["a = 1", "a = 1", "b = 2"], n=2).sum(axis=1).tolist()
-    [2.0, 2.0, 2.0]
-    """
-    grams = []
-    for code in codes:
-        toks = _TOKEN.findall(code)
-        grams.append({tuple(toks[i:i + n]) for i in range(max(1, len(toks) - n + 1))} if toks else set())
-    vocab = {g: i for i, g in enumerate(sorted(set().union(*grams)))} if grams else {}
-    x = np.zeros((len(codes), len(vocab)), dtype=np.float32)  # 0/1 entries: float32 counts stay exact
-    for row, gs in enumerate(grams):
-        x[row, [vocab[g] for g in gs]] = 1.0
-    return x
-
-
-def diversity(codes: list[str], n: int = 3) -> float:
-    """Vendi score / n of programs under the cosine kernel of code_vectors: 1/n if all identical, ~1 if unrelated.
-
-    Worked example: two identical programs have cosine 1, K = all ones, Vendi 1, so 1 / 2 = 0.5; two with no
-    shared 3-gram have K = I, Vendi 2, so 2 / 2 = 1.0. (The paper: 0.68 with corpus grounding, 0.04 without.)
-
-    >>> diversity(["x = 1 + 2", "x = 1 + 2"]), diversity(["x = 1 + 2", "def f(): return y"])
-    (0.5, 1.0)
-    """
-    if not codes:
-        return 0.0
-    x = code_vectors(codes, n)
-    shared = (x @ x.T).astype(np.float64)       # (n, n) number of n-grams two programs share
-    size = np.maximum(np.diag(shared), 1.0)     # an empty program is similar only to itself (diagonal below)
-    k = shared / np.sqrt(np.outer(size, size))  # cosine of the 0/1 vectors
-    np.fill_diagonal(k, 1.0)
-    return vendi_score(k) / len(codes)
-
-
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_VALUE = re.compile(r"-?\d+(?:\.\d+)?|[A-Za-z_]+")
-
-
-def solution_keys(solution_actions: str | list[str] | None) -> set[str]:
-    """The key values of a reference solution: the numbers in its boxed commands, or their words if none.
-
-    Numbers win because commands usually pair a verb with the values that matter ("guess 37": 37 is the
-    secret, "guess" is not); a solution without numbers (directions, a word answer) is keyed by its words.
-
-    >>> sorted(solution_keys(r"\\boxed{guess 37}")), sorted(solution_keys([r"\\boxed{Up}", r"\\boxed{left}"]))
-    (['37'], ['left', 'up'])
-    """
-    if not solution_actions:
-        return set()   # the environment has no solution(): nothing can leak
-    text = "\n".join([solution_actions] if isinstance(solution_actions, str) else solution_actions)
-    inner = _BOXED.findall(text) or [text]
-    values = [v.lower() for part in inner for v in _VALUE.findall(part)]
-    numbers = {v for v in values if v[-1].isdigit()}
-    return numbers or set(values)
-
-
-def _contains_keys(text: str, solution_actions: str | list[str] | None) -> bool:
-    keys = solution_keys(solution_actions)
-    return bool(keys) and keys <= {v.lower() for v in _VALUE.findall(text)}
-
-
-def hint_leak(hint: str, solution_actions: str | list[str] | None) -> bool:
-    """True when the hint contains every key value of the solution as a whole token (it gives the answer away).
-
-    >>> hint_leak("Try 37.", r"\\boxed{guess 37}"), hint_leak("Halve the range each turn.", r"\\boxed{guess 37}")
-    (True, False)
-    """
-    return _contains_keys(hint, solution_actions)
-
-
-def opening_leak(first_obs: str, solution_actions: str | list[str] | None) -> bool:
-    """True when the first observation already shows every key value of the solution (the paper's "the physics
-    opening prints the governing equation"). note: a heuristic; an opening that lists all moves matches too.
-
-    >>> opening_leak("The answer is 12. Answer in \\\\boxed{}.", r"\\boxed{12}")
-    True
-    """
-    return _contains_keys(first_obs, solution_actions)
-
-
-def loc(code: str) -> int:
-    """Lines of code: non-blank lines that are not only a comment.
-
-    >>> loc("import math\\n\\n# a comment\\nx = 1  # counted\\n")
-    2
-    """
-    return sum(1 for line in code.splitlines() if line.strip() and not line.strip().startswith("#"))
-
-
-def environment_stats(played: list, references: list[tuple[str, list[str] | None]]) -> dict:
-    """Statistics of a window's new environments (train.PlayedEnv, at the first step), each into its .stats:
-    size, hint and opening leakage against its reference (first observation, solution actions), and the
-    window's diversity."""
-    for e, (first_obs, solution) in zip(played, references):
-        e.stats = dict(loc=loc(e.code), has_solution=bool(solution),
-                       hint_leak=bool(solution) and hint_leak(e.hint, solution),
-                       opening_leak=bool(solution) and opening_leak(first_obs, solution))
-    with_solution = [e for e in played if e.stats["has_solution"]]
-
-    def rate(key):
-        return sum(e.stats[key] for e in with_solution) / len(with_solution) if with_solution else None
-    return {"env/loc_mean": sum(e.stats["loc"] for e in played) / len(played) if played else None,
-            "env/hint_leak_rate": rate("hint_leak"), "env/opening_leak_rate": rate("opening_leak"),
-            "env/diversity": diversity([e.code for e in played]) if len(played) > 1 else None}
-
-
-# ----------------------------------------------------------------------------------------------------------
 # what one step writes: its metrics record (glossary in the README), samples, the printed line
 
 def _mean(xs) -> float:
@@ -440,8 +309,9 @@ def print_step(record: dict) -> None:
           f"| {record['perf/step_s']:.0f}s", flush=True)
 
 
-SUMMARY = (("valid", "designer/valid_rate", 6, 2), ("envs", "env/count", 4, 0), ("R_nohint", "agent/return_nohint", 8, 2),
-           ("R_hint", "agent/return_hint", 7, 2), ("regret", "env/regret", 7, 2), ("n_agent", "loss/samples_agent", 7, 0),
+SUMMARY = (("valid", "designer/valid_rate", 6, 2), ("envs", "env/count", 4, 0),   # (column, metric, width, digits)
+           ("R_nohint", "agent/return_nohint", 8, 2), ("R_hint", "agent/return_hint", 7, 2),
+           ("regret", "env/regret", 7, 2), ("n_agent", "loss/samples_agent", 7, 0),
            ("n_design", "loss/samples_designer", 8, 0), ("grad", "loss/grad_norm", 7, 3), ("sec", "perf/step_s", 5, 0))
 
 
@@ -467,3 +337,10 @@ def tensorboard_writer(enabled: bool, run: Run):
     except ImportError as err:
         raise InputError("--tensorboard needs the tensorboard package (pip install tensorboard)") from err
     return SummaryWriter(str(run.root / "tb"))
+
+
+def log_tensorboard(writer, record: dict, step: int) -> None:
+    """Every numeric role/name metric of a step as a TensorBoard scalar (nothing without --tensorboard)."""
+    for k, v in record.items() if writer else ():
+        if isinstance(v, (int, float)) and "/" in k:
+            writer.add_scalar(k, v, step)

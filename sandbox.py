@@ -5,17 +5,10 @@ process (`python -S -B -c`, never a fork of the trainer) inside independent laye
 private pipe pair carrying length-prefixed JSON frames. If one layer fails the others still hold.
 
 This module is the protocol: start an instance, send a request, wait for its reply until a deadline, close.
-Covered, one layer each, outermost first (isolation.py builds 1-7 and tells each in full, same numbers):
- 1. namespaces and a view of the filesystem holding only libraries, the interpreter and a private tmpfs (bwrap)
- 2. a uid of its own, so its thread limit counts its threads alone
- 3. a seccomp-bpf filter: no new process, socket, ptrace, mount or namespace
- 4. rlimits: CPU seconds, address space, file size, open files, threads
- 5. a wall-clock deadline on start+init and on every call (kept here), enforced with SIGKILL
- 6. a scrubbed environment, a private working directory removed on close, stdio on /dev/null
- 7. a PEP 578 audit hook, a tripwire whose refusal ends the child ('forbidden')
- 8. the protocol (here): each request carries a fresh nonce its reply must echo under a length header bounded
-    by max_message_bytes ('protocol'), and every reply is decoded as hostile data ('bad_reply'), so no reply
-    can crash the caller.
+Each request carries a fresh nonce its reply must echo under a length header bounded by max_message_bytes
+('protocol'), and every reply is decoded as hostile data ('bad_reply'), so no reply can crash the caller.
+Under it, isolation.py builds (and its docstring tells in full) bwrap's namespaces and minimal filesystem, a uid
+of its own, a seccomp filter, rlimits, the SIGKILL of a missed deadline, a scrubbed environment and an audit hook.
 `isolation.isolation_report()` says which layers are active here (a missing one is reported, never silently
 skipped), and tests/test_hostile.py attacks each of them, including with the audit hook switched off.
 

@@ -9,8 +9,8 @@ remembers. Both roles share one GRPO-style update per step. SPADE_METHOD.md has 
 loop, phase by phase, and its configuration.
 
 Read next: spade_mini.py (generate, play, update), envs.py (the environment contract), regret.py (every
-formula), sandbox.py (running untrusted code). Plumbing lives in cli.py, runs.py, models.py, isolation.py
-and report.py. Departures from the paper and the official code: the README's numbered list ("Implementation
+formula), sandbox.py (running untrusted code). Plumbing lives in cli.py, runs.py, models.py, evaluate.py
+and isolation.py. Departures from the paper and the official code: the README's numbered list ("Implementation
 details"), the one place they are written down.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 import envs
+import evaluate
 import models
 import regret
 import runs
@@ -44,7 +45,7 @@ from sandbox import Limits
 @dataclass
 class Config:
     # run
-    preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b (overrides below the command line flags)
+    preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: cli.PRESETS, overridden by the flags given
     model: str = "smollm2-135m"         # HF id, local dir, .gguf file, smollm2-135m (bundled), tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
     seed: int = 0                       # root of every derived seed
@@ -106,36 +107,10 @@ class Config:
     checkpoint_every: int = 1           # steps between checkpoints (the last step always checkpoints)
     keep_checkpoints: int = 2           # older checkpoints are deleted
     tensorboard: bool = False           # also write TensorBoard scalars (imported lazily)
-    # held-out evaluation (models.py)
+    # held-out evaluation (evaluate.py)
     eval_every: int = 0                 # steps between held-out evaluations (0 = off; the base model is step -1)
     eval_limit: int = 5                 # reasoning-gym items per category of one in-loop evaluation
     eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
-
-
-PRESETS = {
-    # the CPU demo: SmolLM2-135M, a short document, few and short episodes. SmolLM2-135M almost never writes a
-    # valid program, so empty slots are backfilled from examples/ (the agent side of the loop still runs; the
-    # designer gets no sample for a backfilled slot)
-    "tiny": dict(model="smollm2-135m", backfill=str(Path(__file__).resolve().parent / "examples"), doc_words=300,
-                 envs_per_step=4, design_attempts=2, regen_interval=1, plays=4, hinted_plays=4, max_turns=3,
-                 designer_max_new_tokens=512, hint_max_new_tokens=64, agent_max_new_tokens=64,
-                 agent_max_episode_tokens=192, token_budget=2048),
-    # one 24 GB GPU: NF4 weights 2.5 GB; 32 episodes x 2048 tokens of bf16 KV cache ~9.6 GB; 4k-token micro-batches
-    "4b": dict(model="Qwen/Qwen3-4B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4, max_turns=6,
-               designer_max_new_tokens=4096, hint_max_new_tokens=160, agent_max_new_tokens=512,
-               agent_max_episode_tokens=2048, temperature=0.6, lr=1e-5, lora_r=32, lora_alpha=64,
-               token_budget=4096, checkpoint_every=10, steps=400),
-    # one 48 GB GPU: NF4 ~5 GB; 48 episodes x 3072 tokens of KV cache ~21.7 GB
-    "8b": dict(model="Qwen/Qwen3-8B", envs_per_step=6, plays=4, hinted_plays=4, max_turns=8,
-               designer_max_new_tokens=6144, hint_max_new_tokens=160, agent_max_new_tokens=768,
-               agent_max_episode_tokens=3072, temperature=0.6, lr=1e-5, lora_r=32, lora_alpha=64,
-               token_budget=4096, checkpoint_every=10, steps=400),
-    # one 80 GB GPU: bitsandbytes leaves the fused MoE experts in bf16 (~57 GB); 32 episodes x 3072 tokens ~9.6 GB
-    "30b-a3b": dict(model="Qwen/Qwen3-30B-A3B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4,
-                    max_turns=8, designer_max_new_tokens=6144, hint_max_new_tokens=160,
-                    agent_max_new_tokens=768, agent_max_episode_tokens=3072, temperature=0.6, lr=1e-5,
-                    lora_r=16, lora_alpha=32, token_budget=2048, checkpoint_every=10, steps=400),
-}
 
 
 def active_skills(cfg: Config, step: int) -> list[str]:
@@ -189,7 +164,7 @@ class PlayedEnv:
     unhinted: list = dataclasses.field(default_factory=list)   # returns of the unhinted plays, one list per step
     trained: list = dataclasses.field(default_factory=list)    # same shape: did the play produce tokens
     hung: bool = False                  # a play hit a step timeout: dropped for the rest of the window
-    stats: dict = dataclasses.field(default_factory=dict)      # runs.environment_stats, at the first step
+    stats: dict = dataclasses.field(default_factory=dict)      # evaluate.environment_stats, at the first step
     scores: dict = dataclasses.field(default_factory=dict)     # regret.score_window's row, at the last step
     episodes: list = dataclasses.field(default_factory=list)   # this step's spade_mini.Episode (not saved)
 
@@ -206,8 +181,9 @@ class Window:
     def to_json(self) -> dict:
         """The window as the checkpoint's state.json holds it (episodes are not saved; designs by index)."""
         attempts = [{**dataclasses.asdict(d), "verdict": d.verdict.to_json()} for d in self.attempts]
-        played = [{**{f.name: getattr(e, f.name) for f in dataclasses.fields(e) if f.name not in ("design", "episodes")},
-                   "design": self.attempts.index(e.design) if e.design else None} for e in self.envs]
+        saved = [f.name for f in dataclasses.fields(PlayedEnv) if f.name not in ("design", "episodes")]
+        played = [{**{k: getattr(e, k) for k in saved}, "design": self.attempts.index(e.design) if e.design else None}
+                  for e in self.envs]
         return {"start": self.start, "length": self.length, "skills": self.skills, "attempts": attempts,
                 "envs": played}
 
@@ -282,10 +258,10 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
             doc = None if cfg.no_corpus else envs.truncate_words(rng.choice(st.corpus), cfg.doc_words)
             positives = st.memory.positives(skill, rng) if use_memory else []
             negative = st.memory.negative(skill, rng) if use_memory else None
-            prompts.append(spade_mini.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative),
+            prompts.append(models.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative),
                                                cfg.thinking))
             docs.append(doc or "")
-        outs = spade_mini.generate(st.model, st.tok, prompts, max_new_tokens=cfg.designer_max_new_tokens,
+        outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.designer_max_new_tokens,
                                    seed=envs.derive_seed(cfg.seed, step, "designer-sample", attempt),
                                    **sample_kwargs(cfg))
         runs.fault_point("generate", step)
@@ -330,8 +306,8 @@ def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
     cfg = st.cfg
     if not played or cfg.hinted_plays == 0:
         return
-    prompts = [spade_mini.chat_ids(st.tok, envs.hint_prompt(e.code), cfg.thinking) for e in played]
-    outs = spade_mini.generate(st.model, st.tok, prompts, max_new_tokens=cfg.hint_max_new_tokens,
+    prompts = [models.chat_ids(st.tok, envs.hint_prompt(e.code), cfg.thinking) for e in played]
+    outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.hint_max_new_tokens,
                                seed=envs.derive_seed(cfg.seed, step, "hint", 0),
                                **{**sample_kwargs(cfg), "temperature": cfg.hint_temperature})
     runs.fault_point("hint", step)
@@ -369,13 +345,6 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
             "perf/sandbox_s": timing["sandbox_s"], "perf/generate_s": timing["generate_s"]}
 
 
-def score_input(cfg: Config, window: Window, chosen: list[PlayedEnv], mu_slow: dict) -> dict:
-    """Outcomes of some of the window's environments in the format of `spade-mini score` (README)."""
-    return {"variant": cfg.designer_reward, "window": window.length, "hang_penalty": cfg.timeout_penalty,
-            "envs": [dict(skill=e.skill, hung=e.hung, hinted=e.hinted, unhinted=e.unhinted, trained=e.trained)
-                     for e in chosen], "mu_slow": dict(mu_slow)}
-
-
 def score(st: State, window: Window) -> list[dict]:
     """Phase 6 at the window's last step: R_hint, R_nohint, regret, w, win rate, designer reward and advantage
     of each environment, and the slow means, all from regret.score_window (the function `spade-mini score`
@@ -387,7 +356,9 @@ def score(st: State, window: Window) -> list[dict]:
         chosen = [e for e in window.envs if (e.design is not None) == designed]
         if not chosen:
             continue
-        given = score_input(st.cfg, window, chosen, st.mu_slow)
+        given = {"variant": st.cfg.designer_reward, "window": window.length, "hang_penalty": st.cfg.timeout_penalty,
+                 "envs": [dict(skill=e.skill, hung=e.hung, hinted=e.hinted, unhinted=e.unhinted, trained=e.trained)
+                          for e in chosen], "mu_slow": dict(st.mu_slow)}   # the input of `spade-mini score`
         out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
                                   hang_penalty=given["hang_penalty"])
         if designed:                    # pool and backfill environments leave the slow means alone
@@ -514,14 +485,11 @@ def self_play_step(st: State, step: int) -> dict:
     # 6-7. at the window's last step: score (regret, designer rewards) and remember (scores + memory.json)
     with phase(bar, clock, "score"):
         if first:
-            references = [envs.reference_solution(e.code, e.episodes[0].spec.seed if e.episodes else 0,
-                                                  cfg.max_turns, limits_of(cfg)) for e in live]
-            clock.update(runs.environment_stats(live, references))
+            clock.update(evaluate.environment_stats(live, cfg.max_turns, limits_of(cfg)))
         if last:
             window_records = score(st, window)
             remember(st, window)
-        codes = [r["code"] for r in st.memory.records]
-        clock.update({"memory/size": len(codes), "memory/diversity": runs.diversity(codes) if len(codes) > 1 else None})
+        clock.update(evaluate.memory_stats(st.memory.records))
 
     # 8. update: per-role advantages, then the optimizer step(s) for both roles
     with phase(bar, clock, "update"):
@@ -597,9 +565,7 @@ def train(cfg: Config) -> Path:
         run.log_metrics(record)
         runs.fault_point("metrics", step)
         runs.print_step(record)
-        for k, v in record.items() if writer else ():
-            if isinstance(v, (int, float)) and "/" in k:
-                writer.add_scalar(k, v, step)
+        runs.log_tensorboard(writer, record, step)
         if (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1:
             save_checkpoint(st, step)
     runs.print_summary(run)
@@ -607,9 +573,9 @@ def train(cfg: Config) -> Path:
 
 
 def held_out_eval(st: State) -> dict:
-    """eval/score, eval/<category>, eval/answered (and eval/pool_win_rate) of the current weights (models.py)."""
+    """eval/score, eval/<category>, eval/answered (and eval/pool_win_rate) of the current weights (evaluate.py)."""
     cfg = st.cfg
-    return models.eval_metrics(st.model, st.tok, limit=cfg.eval_limit, seed=cfg.seed,
-                                 max_new_tokens=models.answer_tokens(cfg.agent_max_new_tokens),
+    return evaluate.eval_metrics(st.model, st.tok, limit=cfg.eval_limit, seed=cfg.seed,
+                                 max_new_tokens=evaluate.answer_tokens(cfg.agent_max_new_tokens),
                                  env_pool=cfg.eval_pool, pool_plays=cfg.plays, max_turns=cfg.max_turns,
                                  max_episode_tokens=cfg.agent_max_episode_tokens, limits=limits_of(cfg))

@@ -98,7 +98,7 @@ def decode_ms(model, tok, batch: int, prompt_len: int, steps: int, static: bool)
     def timed(n: int) -> float:
         sync(device)
         t = time.perf_counter()
-        sm.generate(model, tok, prompts, max_new_tokens=n, temperature=0.0, top_p=1.0, top_k=0, seed=0,
+        models.generate(model, tok, prompts, max_new_tokens=n, temperature=0.0, top_p=1.0, top_k=0, seed=0,
                     static_cache=static)
         sync(device)
         return time.perf_counter() - t

@@ -91,7 +91,7 @@ def main() -> None:
     kw = dict(max_turns=args.turns, max_new_tokens=args.max_new_tokens,
               max_episode_tokens=args.turns * args.max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=0,
               limits=sandbox.Limits())
-    sm.generate(model, tok, [sm.chat_ids(tok, "warm up")], max_new_tokens=4, temperature=0.0,
+    models.generate(model, tok, [models.chat_ids(tok, "warm up")], max_new_tokens=4, temperature=0.0,
                 top_p=1.0, top_k=0, seed=0)
 
     for name, value in [("model", args.model), ("device", info["device"]), ("dtype", info["dtype"]),

@@ -74,9 +74,9 @@ class ScriptedDesigner:
     for the slot still empty (ThirdsEnv in the first window, SeedEnv in the second). Every other prompt goes to the real model. Records prompts and update calls."""
 
     def __init__(self, monkeypatch, fail_at: tuple | None = None):
-        self.real_generate, self.real_update = sm.generate, sm.update
+        self.real_generate, self.real_update = models.generate, sm.update
         self.designer_prompts, self.updates = [], []
-        monkeypatch.setattr(sm, "generate", self.generate)
+        monkeypatch.setattr(models, "generate", self.generate)
         monkeypatch.setattr(sm, "update", self.update)
         if fail_at:                      # a crash at one fault point of one step (as a SIGKILL would stop it)
             real_fault = runs.fault_point
@@ -94,7 +94,7 @@ class ScriptedDesigner:
         self.designer_prompts.append(texts)
         second = THIRDS_ENV if len(self.designer_prompts) <= 2 else SEED_ENV   # window 0, then window 2
         script = [answer(PARITY_ENV), answer(INVALID)] if len(prompts) == 2 else [answer(second)]
-        return [sm.Completion(p, tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], a, True)
+        return [models.Completion(p, tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], a, True)
                 for p, a in zip(prompts, script)]
 
     def update(self, model, optimizer, samples, **kw):

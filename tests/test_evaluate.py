@@ -6,6 +6,7 @@ import pytest
 
 import cli
 import models
+import evaluate
 
 WIN_ENV = '''
 class WinEnv:
@@ -32,7 +33,7 @@ def tiny():
     return model, tok
 
 
-def wrong_answer(item: models.Item) -> str:
+def wrong_answer(item: evaluate.Item) -> str:
     """A plausible wrong answer: the other of Yes/No, a number off by one, or a word list that is not one."""
     answer = item.entry["answer"]
     if answer in ("Yes", "No"):
@@ -44,60 +45,60 @@ def wrong_answer(item: models.Item) -> str:
 
 
 def test_correct_boxed_answer_scores_one_and_wrong_scores_zero():
-    for item in models.eval_items(3, seed=0):
+    for item in evaluate.eval_items(3, seed=0):
         right = f"Let me think step by step. The answer is \\boxed{{{item.entry['answer']}}}."
         wrong = f"The answer is \\boxed{{{wrong_answer(item)}}}."
-        assert models.score_item(item, right) == 1.0, item.category
-        assert models.score_item(item, wrong) == 0.0, item.category
+        assert evaluate.score_item(item, right) == 1.0, item.category
+        assert evaluate.score_item(item, wrong) == 0.0, item.category
 
 
 def test_only_the_first_boxed_answer_counts():
-    item = models.eval_items(1, seed=0)[0]
+    item = evaluate.eval_items(1, seed=0)[0]
     text = f"\\boxed{{{wrong_answer(item)}}} or maybe \\boxed{{{item.entry['answer']}}}"
-    assert models.score_item(item, text) == 0.0
+    assert evaluate.score_item(item, text) == 0.0
 
 
 def test_answer_without_box_scores_zero():
-    item = models.eval_items(1, seed=0)[0]
-    assert models.score_item(item, f"The answer is {item.entry['answer']}") == 0.0
+    item = evaluate.eval_items(1, seed=0)[0]
+    assert evaluate.score_item(item, f"The answer is {item.entry['answer']}") == 0.0
 
 
 def test_item_set_is_deterministic_for_a_seed():
-    first, again = models.eval_items(3, seed=7), models.eval_items(3, seed=7)
+    first, again = evaluate.eval_items(3, seed=7), evaluate.eval_items(3, seed=7)
     assert [i.prompt for i in first] == [i.prompt for i in again]
-    assert [i.prompt for i in first] != [i.prompt for i in models.eval_items(3, seed=8)]
+    assert [i.prompt for i in first] != [i.prompt for i in evaluate.eval_items(3, seed=8)]
 
 
 def test_limit_counts_items_per_category_and_a_smaller_limit_is_a_prefix():
-    small, large = models.eval_items(2, seed=0), models.eval_items(3, seed=0)
-    assert len(large) == 3 * len(models.CATEGORIES)
-    for category in models.CATEGORIES:
+    small, large = evaluate.eval_items(2, seed=0), evaluate.eval_items(3, seed=0)
+    assert len(large) == 3 * len(evaluate.CATEGORIES)
+    for category in evaluate.CATEGORIES:
         a = [i.prompt for i in small if i.category == category]
         b = [i.prompt for i in large if i.category == category]
         assert a == b[:2]
 
 
 def test_prompt_asks_for_a_boxed_answer():
-    assert all(i.prompt.endswith("put your final answer within \\boxed{}.") for i in models.eval_items(1, 0))
+    assert all(i.prompt.endswith("put your final answer within \\boxed{}.") for i in evaluate.eval_items(1, 0))
 
 
 def test_overall_score_is_the_mean_of_category_means():
     """Category a scores [1, 0] -> 0.5 and b scores [1] -> 1.0; overall (0.5 + 1.0) / 2 = 0.75, not the item
     mean 2 / 3."""
-    items = [models.Item("a", "x", 0, {}), models.Item("a", "x", 1, {}), models.Item("b", "y", 0, {})]
-    assert models.summarize(items, [1.0, 0.0, 1.0]) == {"score": 0.75, "categories": {"a": 0.5, "b": 1.0}}
+    items = [evaluate.Item("a", "x", 0, {}), evaluate.Item("a", "x", 1, {}), evaluate.Item("b", "y", 0, {})]
+    assert evaluate.summarize(items, [1.0, 0.0, 1.0]) == {"score": 0.75, "categories": {"a": 0.5, "b": 1.0}}
 
 
 def test_tiny_random_evaluation_runs_end_to_end(tiny):
-    result = models.evaluate(*tiny, limit=2, seed=0, max_new_tokens=8)
-    assert set(result["categories"]) == set(models.CATEGORIES)
-    assert result["n"] == 2 * len(models.CATEGORIES) and len(result["items"]) == result["n"]
+    result = evaluate.evaluate(*tiny, limit=2, seed=0, max_new_tokens=8)
+    assert set(result["categories"]) == set(evaluate.CATEGORIES)
+    assert result["n"] == 2 * len(evaluate.CATEGORIES) and len(result["items"]) == result["n"]
     assert 0.0 <= result["score"] <= 1.0 and 0.0 <= result["answered"] <= 1.0
 
 
 def test_evaluation_is_deterministic(tiny):
-    a = models.evaluate(*tiny, limit=1, seed=3, max_new_tokens=6)
-    b = models.evaluate(*tiny, limit=1, seed=3, max_new_tokens=6)
+    a = evaluate.evaluate(*tiny, limit=1, seed=3, max_new_tokens=6)
+    b = evaluate.evaluate(*tiny, limit=1, seed=3, max_new_tokens=6)
     assert [i["answer"] for i in a["items"]] == [i["answer"] for i in b["items"]]
 
 
@@ -106,7 +107,7 @@ def test_pool_win_rate_is_share_of_plays_with_positive_return(tiny, tmp_path):
     (tmp_path / "win.py").write_text(WIN_ENV)
     (tmp_path / "lose.py").write_text(LOSE_ENV)
     (tmp_path / "broken.py").write_text("class BrokenEnv(:\n")
-    result = models.pool_win_rate(*tiny, tmp_path, plays=2, max_turns=2, max_new_tokens=64)
+    result = evaluate.pool_win_rate(*tiny, tmp_path, plays=2, max_turns=2, max_new_tokens=64)
     assert result["pool_win_rate"] == 0.5
     assert result["pool_envs"] == {"lose": 0.0, "win": 1.0}
     assert result["pool_skipped"] == {"broken": "syntax"}
@@ -115,7 +116,7 @@ def test_pool_win_rate_is_share_of_plays_with_positive_return(tiny, tmp_path):
 def test_eval_main_json_is_the_last_stdout_line(capsys):
     assert cli.main(["eval", "--model", "tiny-random", "--limit", "1", "--max-new-tokens", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert isinstance(result["score"], float) and set(result["categories"]) == set(models.CATEGORIES)
+    assert isinstance(result["score"], float) and set(result["categories"]) == set(evaluate.CATEGORIES)
     assert "items" not in result
 
 
@@ -149,8 +150,8 @@ def test_run_without_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 def test_eval_metrics_are_flat_namespaced_keys_for_metrics_jsonl(tiny, tmp_path):
     (tmp_path / "win.py").write_text(WIN_ENV)
-    out = models.eval_metrics(*tiny, limit=1, seed=0, max_new_tokens=64, env_pool=str(tmp_path), pool_plays=2,
+    out = evaluate.eval_metrics(*tiny, limit=1, seed=0, max_new_tokens=64, env_pool=str(tmp_path), pool_plays=2,
                                 max_turns=2)
     expected = {"eval/score", "eval/answered", "eval/pool_win_rate", "perf/eval_s", "perf/eval_pool_s"}
-    assert set(out) == expected | {f"eval/{c}" for c in models.CATEGORIES}
+    assert set(out) == expected | {f"eval/{c}" for c in evaluate.CATEGORIES}
     assert out["eval/pool_win_rate"] == 1.0

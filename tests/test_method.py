@@ -13,6 +13,7 @@ import sandbox
 import spade_mini as sm
 import train
 import cli
+import evaluate
 import runs
 import models
 
@@ -154,7 +155,7 @@ def test_without_an_action_sequence_the_solvable_check_is_skipped(solution):
 def test_a_solution_of_ints_does_not_crash_the_statistics():
     code = NO_KEYWORD_ENV.replace('return ["\\\\boxed{7}"]', "return [1, 2, 3]")
     played = [train.PlayedEnv("e", "A", code, None, hint="try 1 2 3")]
-    stats = runs.environment_stats(played, [envs.reference_solution(code, 0, 12, sandbox.Limits())])
+    stats = evaluate.environment_stats(played, 12, sandbox.Limits())
     assert played[0].stats["has_solution"] is False and stats["env/hint_leak_rate"] is None
 
 
@@ -163,8 +164,8 @@ def test_the_document_is_cut_once_to_doc_words_keeping_line_breaks(monkeypatch):
     (the old code also cut at 6000 words and joined the lines with spaces)."""
     lines = [" ".join(f"w{i * 10 + j}" for j in range(10)) for i in range(700)]
     seen = []
-    monkeypatch.setattr(sm, "chat_ids", lambda tok, text, thinking=False: seen.append(text) or [1])
-    monkeypatch.setattr(sm, "generate", lambda model, tok, prompts, **kw: [sm.Completion(p, [2], "no code", True)
+    monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: seen.append(text) or [1])
+    monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [models.Completion(p, [2], "no code", True)
                                                                         for p in prompts])
     cfg = train.Config(doc_words=6500, envs_per_step=1, design_attempts=1)
     st = SimpleNamespace(cfg=cfg, corpus=["\n".join(lines)], memory=envs.Memory("/nonexistent/m.json"), tok=None,
@@ -175,9 +176,9 @@ def test_the_document_is_cut_once_to_doc_words_keeping_line_breaks(monkeypatch):
 
 def test_hints_are_sampled_at_the_hint_temperature(monkeypatch):
     temps = []
-    monkeypatch.setattr(sm, "chat_ids", lambda tok, text, thinking=False: [1])
-    monkeypatch.setattr(sm, "generate", lambda model, tok, prompts, **kw: temps.append(kw["temperature"]) or
-                        [sm.Completion(p, [2], "Halve the range.", True) for p in prompts])
+    monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1])
+    monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: temps.append(kw["temperature"]) or
+                        [models.Completion(p, [2], "Halve the range.", True) for p in prompts])
     st = SimpleNamespace(cfg=train.Config(temperature=0.9), tok=None, model=None)
     played = [train.PlayedEnv("e", "A", NO_KEYWORD_ENV, None)]
     train.write_hints(st, 0, played)
@@ -215,9 +216,9 @@ def test_thinking_is_rendered_off_by_default_and_parsed_after_the_last_think(tin
                 "{% endif %}")
     original, tok.chat_template = tok.chat_template, template
     try:
-        off = tok.decode(sm.chat_ids(tok, "hi"))
-        on = tok.decode(sm.chat_ids(tok, "hi", thinking=True))
-        frame_off = sm._turn_frame(tok, thinking=False)[1]
+        off = tok.decode(models.chat_ids(tok, "hi"))
+        on = tok.decode(models.chat_ids(tok, "hi", thinking=True))
+        frame_off = models.turn_frame(tok, thinking=False)[1]
     finally:
         tok.chat_template = original
     assert off.endswith("<think>\n\n</think>\n\n") and not on.endswith("</think>\n\n")
@@ -284,9 +285,9 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
     inside = "<think>```python\nclass DraftEnv:\n    pass\n```</think>"
     answers = {"designer": inside + "Final:\n```python\n" + NO_KEYWORD_ENV + "\n```",
                "hint": "<think>the secret is 7</think>Guess the middle first."}
-    monkeypatch.setattr(sm, "chat_ids", lambda tok, text, thinking=False: [1 if "Designer" in text else 2])
-    monkeypatch.setattr(sm, "generate", lambda model, tok, prompts, **kw: [
-        sm.Completion(p, [3], answers["designer" if p == [1] else "hint"], True) for p in prompts])
+    monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1 if "Designer" in text else 2])
+    monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
+        models.Completion(p, [3], answers["designer" if p == [1] else "hint"], True) for p in prompts])
     st = SimpleNamespace(cfg=train.Config(envs_per_step=1, design_attempts=1, thinking=True), corpus=["a doc"],
                          memory=envs.Memory("/nonexistent/m.json"), tok=None, model=None)
     (attempt,) = train.design(st, 0, ["Optimization"])

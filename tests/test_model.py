@@ -239,10 +239,10 @@ def test_update_recomputes_activations_even_after_an_eval_mode_caller():
 def test_generate_batched_equals_one_at_a_time_greedy(tiny_model):
     """Left padding is right: prompts of different lengths give the same greedy tokens in a batch."""
     model, tok = tiny_model
-    prompts = [sm.chat_ids(tok, "hi"), sm.chat_ids(tok, "a longer prompt " * 5), sm.chat_ids(tok, "mid size one")]
+    prompts = [models.chat_ids(tok, "hi"), models.chat_ids(tok, "a longer prompt " * 5), models.chat_ids(tok, "mid size one")]
     kw = dict(max_new_tokens=12, temperature=0.0, top_p=1.0, top_k=0, seed=0)
-    batched = sm.generate(model, tok, prompts, **kw)
-    single = [sm.generate(model, tok, [p], **kw)[0] for p in prompts]
+    batched = models.generate(model, tok, prompts, **kw)
+    single = [models.generate(model, tok, [p], **kw)[0] for p in prompts]
     assert [c.completion_ids for c in batched] == [c.completion_ids for c in single]
     assert all(c.prompt_ids == p for c, p in zip(batched, prompts))
     assert all(len(c.completion_ids) == 12 or (c.finished and c.completion_ids[-1] == tok.eos_token_id)
@@ -251,28 +251,28 @@ def test_generate_batched_equals_one_at_a_time_greedy(tiny_model):
 
 def test_generate_sampling_is_seeded_and_leaves_global_rng_alone(tiny_model):
     model, tok = tiny_model
-    prompts = [sm.chat_ids(tok, "hi"), sm.chat_ids(tok, "there")]
+    prompts = [models.chat_ids(tok, "hi"), models.chat_ids(tok, "there")]
     kw = dict(max_new_tokens=8, temperature=1.0, top_p=0.95, top_k=20)
     torch.manual_seed(123)
     expected = torch.rand(1)
     torch.manual_seed(123)
-    a = sm.generate(model, tok, prompts, seed=1, **kw)
+    a = models.generate(model, tok, prompts, seed=1, **kw)
     assert torch.equal(torch.rand(1), expected)
-    b = sm.generate(model, tok, prompts, seed=1, **kw)
-    c = sm.generate(model, tok, prompts, seed=2, **kw)
+    b = models.generate(model, tok, prompts, seed=1, **kw)
+    c = models.generate(model, tok, prompts, seed=2, **kw)
     assert [x.completion_ids for x in a] == [x.completion_ids for x in b] != [x.completion_ids for x in c]
 
 
 def test_generate_cuts_completion_after_stop_token(tiny_model):
     """Make the tiny model's 3rd greedy token a stop token: the completion ends right after it."""
     model, tok = tiny_model
-    prompt = sm.chat_ids(tok, "stop early")
+    prompt = models.chat_ids(tok, "stop early")
     kw = dict(max_new_tokens=10, temperature=0.0, top_p=1.0, top_k=0, seed=0)
-    free = sm.generate(model, tok, [prompt], **kw)[0].completion_ids
+    free = models.generate(model, tok, [prompt], **kw)[0].completion_ids
     saved = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = [tok.eos_token_id, free[2]]
     try:
-        cut = sm.generate(model, tok, [prompt], **kw)[0]
+        cut = models.generate(model, tok, [prompt], **kw)[0]
     finally:
         model.generation_config.eos_token_id = saved
     first = free.index(free[2]) + 1
@@ -283,10 +283,10 @@ def test_static_cache_buckets_match_eager_greedy(tiny_model):
     """The static-cache path (batch 3 -> bucket 4, width -> 256) gives the eager tokens. On CPU HF does not
     compile, so this checks the bucketing/padding logic, not speed."""
     model, tok = tiny_model
-    prompts = [sm.chat_ids(tok, "one"), sm.chat_ids(tok, "two two two"), sm.chat_ids(tok, "three " * 9)]
+    prompts = [models.chat_ids(tok, "one"), models.chat_ids(tok, "two two two"), models.chat_ids(tok, "three " * 9)]
     kw = dict(max_new_tokens=6, temperature=0.0, top_p=1.0, top_k=0, seed=0)
-    eager = sm.generate(model, tok, prompts, **kw)
-    static = sm.generate(model, tok, prompts, static_cache=True, **kw)
+    eager = models.generate(model, tok, prompts, **kw)
+    static = models.generate(model, tok, prompts, static_cache=True, **kw)
     assert [c.completion_ids for c in static] == [c.completion_ids for c in eager]
 
 
@@ -294,7 +294,7 @@ def test_static_cache_buckets_match_eager_greedy(tiny_model):
 def test_real_smollm2_generates_text():
     model, tok, info = models.load_model("smollm2-135m", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="auto",
                                      gradient_checkpointing=False, cache_dir=CACHE, seed=0)
-    out = sm.generate(model, tok, [sm.chat_ids(tok, "What is 2+3? Answer with one number.")],
+    out = models.generate(model, tok, [models.chat_ids(tok, "What is 2+3? Answer with one number.")],
                       max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0)[0]
     assert info["device"] == "cpu" and info["dtype"] == "float32" and not info["quantized"]
     assert "5" in out.text

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import regret
+import evaluate
 import runs
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -185,13 +186,13 @@ def test_zero_variance_fraction():
 def test_vendi_score_of_half_similar_pair():
     """K = [[1, .5], [.5, 1]]: eig(K/2) = .75, .25; exp(-(.75 ln .75 + .25 ln .25)) = exp(0.5623) = 1.7548."""
     expected = math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
-    assert runs.vendi_score(np.array([[1, 0.5], [0.5, 1]])) == pytest.approx(expected)
+    assert evaluate.vendi_score(np.array([[1, 0.5], [0.5, 1]])) == pytest.approx(expected)
     assert expected == pytest.approx(1.7548, abs=1e-4)
 
 
 def test_diversity_identical_programs_is_one_over_n():
     code = "class GuessEnv:\n    def reset(self, seed=None):\n        return 'hi', {}\n"
-    assert runs.diversity([code] * 5) == pytest.approx(1 / 5)
+    assert evaluate.diversity([code] * 5) == pytest.approx(1 / 5)
 
 
 def test_diversity_unrelated_programs_is_close_to_one():
@@ -199,37 +200,37 @@ def test_diversity_unrelated_programs_is_close_to_one():
              "for word in sentence.split(): counts[word] += 1",
              "while queue:\n    node = queue.pop()\n    seen.add(node)",
              "SELECT name FROM users WHERE age > 30;"]
-    assert runs.diversity(codes) > 0.95
+    assert evaluate.diversity(codes) > 0.95
 
 
 def test_diversity_of_fixture_environments_sits_between(fixture_codes):
     """Three different games written in one house style share boilerplate: diverse, but not unrelated."""
-    d = runs.diversity(fixture_codes)
+    d = evaluate.diversity(fixture_codes)
     assert 1 / 3 < d < 1.0
 
 
 def test_hint_leak_number_answer():
-    assert runs.hint_leak("The secret is 37, just say it.", r"\boxed{37}")
-    assert not runs.hint_leak("Use the higher/lower feedback to halve the range.", r"\boxed{37}")
-    assert not runs.hint_leak("Try 370.", r"\boxed{37}")  # whole tokens only
+    assert evaluate.hint_leak("The secret is 37, just say it.", r"\boxed{37}")
+    assert not evaluate.hint_leak("Use the higher/lower feedback to halve the range.", r"\boxed{37}")
+    assert not evaluate.hint_leak("Try 370.", r"\boxed{37}")  # whole tokens only
 
 
 def test_hint_leak_needs_every_key_value():
     """Solution 'right right down': keys {right, down}; a hint naming only 'right' does not give it away."""
     sol = [r"\boxed{right}", r"\boxed{right}", r"\boxed{down}"]
-    assert not runs.hint_leak("Head right first.", sol)
-    assert runs.hint_leak("Go RIGHT twice, then down.", sol)
+    assert not evaluate.hint_leak("Head right first.", sol)
+    assert evaluate.hint_leak("Go RIGHT twice, then down.", sol)
 
 
 def test_opening_leak():
     sol = r"\boxed{guess 12}"
-    assert runs.opening_leak("Target: 12. Guess it with \\boxed{guess N}.", sol)
-    assert not runs.opening_leak("Guess a number from 1 to 100 with \\boxed{guess N}.", sol)
+    assert evaluate.opening_leak("Target: 12. Guess it with \\boxed{guess N}.", sol)
+    assert not evaluate.opening_leak("Guess a number from 1 to 100 with \\boxed{guess N}.", sol)
 
 
 def test_loc_skips_blank_and_comment_lines():
-    assert runs.loc("import os\n\n   # why\nx = 1\n\n") == 2
+    assert evaluate.loc("import os\n\n   # why\nx = 1\n\n") == 2
 
 
 def test_no_solution_means_no_leak():
-    assert not runs.hint_leak("anything 37", None) and not runs.opening_leak("anything", "")
+    assert not evaluate.hint_leak("anything 37", None) and not evaluate.opening_leak("anything", "")

@@ -1,4 +1,4 @@
-"""report.py on a run directory written by hand: the pages link every figure, the figures are real PNGs, logged
+"""spade-mini report (cli.py) on a run directory written by hand: the pages link every figure, the figures are real PNGs, logged
 text is escaped, and broken or empty runs still give a page."""
 import json
 from pathlib import Path
@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 import cli
-import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOSTILE_CODE = '''class ScriptEnv:
@@ -52,10 +51,10 @@ def run_dir(tmp_path) -> Path:
 
 
 def test_index_links_every_figure_and_each_is_a_valid_png(run_dir):
-    index = report.write_report(run_dir)
+    index = cli.write_report(run_dir)
     assert index == run_dir / "report" / "index.html"
     page = index.read_text()
-    for file, *_ in report.FIGURES:
+    for file, *_ in cli.FIGURES:
         assert f'src="{file}"' in page
         png = run_dir / "report" / file
         data = png.read_bytes()
@@ -65,13 +64,13 @@ def test_index_links_every_figure_and_each_is_a_valid_png(run_dir):
 
 
 def test_links_are_relative_so_the_report_is_self_contained(run_dir):
-    page = report.write_report(run_dir).read_text()
+    page = cli.write_report(run_dir).read_text()
     assert "http" not in page and str(run_dir) not in page
     assert 'href="envs.html"' in page
 
 
 def test_generated_code_and_hints_are_escaped(run_dir):
-    report.write_report(run_dir)
+    cli.write_report(run_dir)
     page = (run_dir / "report" / "envs.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "</pre><script>" not in page
@@ -80,7 +79,7 @@ def test_generated_code_and_hints_are_escaped(run_dir):
 
 
 def test_envs_page_lists_environment_with_scores_and_its_episode(run_dir):
-    report.write_report(run_dir)
+    cli.write_report(run_dir)
     page = (run_dir / "report" / "envs.html").read_text()
     assert "env_00" in page and "Optimization" in page
     assert "r_hint" in page and "0.5" in page
@@ -88,28 +87,28 @@ def test_envs_page_lists_environment_with_scores_and_its_episode(run_dir):
 
 
 def test_torn_last_line_and_none_metrics_are_tolerated(run_dir):
-    header, records = report.load_run(run_dir)
+    header, records = cli.load_run(run_dir)
     assert header["config"]["model"] == "tiny-random"
     assert [r["step"] for r in records] == [0, 1, 2]   # the torn step 3 is skipped
-    page = report.write_report(run_dir).read_text()
+    page = cli.write_report(run_dir).read_text()
     assert "<td>1</td>" in page                        # the step with None scores has a table row
 
 
 def test_per_category_eval_keys_are_plotted(run_dir):
-    records = report.load_run(run_dir)[1]
-    assert report.expand(["eval/score", "eval/*"], records) == ["eval/score", "eval/arithmetic"]
+    records = cli.load_run(run_dir)[1]
+    assert cli.expand(["eval/score", "eval/*"], records) == ["eval/score", "eval/arithmetic"]
 
 
 def test_run_with_zero_steps_gets_a_clear_message_and_no_figures(tmp_path):
     run = tmp_path / "empty"
     run.mkdir()
     write_jsonl(run / "metrics.jsonl", [{"config": {"model": "tiny-random"}}])
-    page = report.write_report(run).read_text()
+    page = cli.write_report(run).read_text()
     assert "no completed steps" in page
     assert not list((run / "report").glob("*.png"))
 
 
 def test_directory_that_is_not_a_run_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a spade-mini run"):
-        report.write_report(tmp_path)
+        cli.write_report(tmp_path)
     assert cli.main(["report", str(tmp_path)]) == 2

@@ -149,10 +149,10 @@ def test_episode_sequence_decodes_to_the_rendered_conversation(tiny_model):
 
 def conversation(tok, turns: list[tuple[list[int], str]]) -> tuple[list[int], str]:
     """(our ids, the template's text) for a first message then (reply ids, observation) pairs."""
-    ids = sm.chat_ids(tok, "Observation: start")
+    ids = models.chat_ids(tok, "Observation: start")
     messages = [{"role": "user", "content": "Observation: start"}]
     for reply_ids, obs in turns:
-        ids = ids + reply_ids + sm.observation_ids(tok, obs, reply_ids)
+        ids = ids + reply_ids + models.observation_ids(tok, obs, reply_ids)
         content = tok.decode([t for t in reply_ids if t != tok.eos_token_id])
         messages += [{"role": "assistant", "content": content}, {"role": "user", "content": obs}]
     return ids, tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
