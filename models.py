@@ -18,14 +18,15 @@ import resource
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GenerationConfig, LlamaConfig,
-                          StoppingCriteriaList)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GenerationConfig, GgufConfig,
+                          LlamaConfig, StoppingCriteriaList)
 from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
 
 import runs
@@ -61,11 +62,13 @@ def _gguf_cache(gguf: Path, cache_dir: str, with_model: bool = True) -> Path:
     if not (out / "tokenizer.json").exists():
         _save_into(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name), out, "tokenizer.json")
     if with_model and not (out / "model.safetensors").exists():
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # subtle: the loaded model still claims to be "gguf-quantized"; it is plain fp32 now, and saving
+        # note: dequantized on purpose (asked for, so transformers does not warn that it falls back to it)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     quantization_config=GgufConfig(dequantize=True))
+        # subtle: a loaded model may still claim to be "gguf-quantized"; it is plain fp32 now, and saving
         # it with that claim would make every reload try to re-read a GGUF file.
         model.hf_quantizer = None
-        del model.config.quantization_config
+        model.config.__dict__.pop("quantization_config", None)
         _save_into(model, out, "model.safetensors")
     return out
 
@@ -169,7 +172,11 @@ def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradie
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                       target_modules="all-linear", task_type="CAUSAL_LM")
-    model = get_peft_model(model, lora)
+    with warnings.catch_warnings():
+        # note: peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` alias (a FutureWarning on every
+        # load that no user can act on); the state it asks about is checked below, by _verify_checkpointing
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        model = get_peft_model(model, lora)
     if gradient_checkpointing:
         _verify_checkpointing(model)
     return model
