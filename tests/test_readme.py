@@ -30,3 +30,22 @@ def test_every_train_flag_named_in_the_readme_exists():
     used = set(re.findall(r"spade-mini train[^\n`]*?(--[a-z-]+)", README)) | set(
         re.findall(r"`(--(?:no-)?(?:designer|memory|corpus|env-pool|skills|backfill|eval-every|resume)[a-z-]*)", README))
     assert used and used - {"--help"} <= flags, used - flags - {"--help"}
+
+
+def test_every_function_the_readme_names_exists_where_it_says():
+    """`module.name` in the README (the method in steps, the reading order, the departures) resolves."""
+    import importlib
+    modules = "train|spade_mini|envs|regret|sandbox|runs|models|evaluate|cli|isolation"
+    named = set(re.findall(rf"`((?:{modules})\.[A-Za-z_][\w.]*)", README))
+    assert len(named) > 20
+    missing = []
+    for dotted in sorted(named):
+        module, *attrs = dotted.rstrip(".").split(".")
+        if attrs == ["py"]:
+            continue
+        obj = importlib.import_module(module)
+        for attr in attrs:
+            obj = getattr(obj, attr, None)
+        if obj is None:
+            missing.append(dotted)
+    assert not missing, missing
