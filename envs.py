@@ -413,7 +413,7 @@ def _fill(name: str, **fields: str) -> str:
 
 
 def agent_first_message(obs: str, hint: str | None = None) -> str:
-    """Turn 1 of every episode (prompts/agent.txt); a hint is appended to the observation.
+    """Turn 1 of every episode (prompts/agent.txt); a hint is appended to the observation (agent_hint.txt).
 
     >>> print(agent_first_message("Grid: A.G", hint="Walk right."))
     You are playing a language game. Make valid actions to win.
@@ -423,8 +423,13 @@ def agent_first_message(obs: str, hint: str | None = None) -> str:
     Please reason step by step, and put your final answer within \\boxed{}.
     """
     if hint is not None:
-        obs = f"{obs}\n\nHINT: {hint}"
+        obs = _fill("agent_hint.txt", obs=obs, hint=hint)
     return _template("agent.txt").replace("{obs}", obs)
+
+
+def eval_question(question: str) -> str:
+    """A held-out question in the agent's answer format (prompts/eval_question.txt)."""
+    return _fill("eval_question.txt", question=question)
 
 
 def skill_ideas() -> dict[str, str]:
@@ -460,6 +465,11 @@ def env_name(record: dict) -> str:
     """A memory record's display name: its Env class name, else its id."""
     found = re.search(r"^class\s+(\w*Env)\b", record.get("code", ""), flags=re.MULTILINE)
     return found.group(1) if found else str(record.get("env_id", "?"))
+
+
+def fallback_hint() -> str:
+    """The hint of an environment whose written hint came out empty (prompts/hint_fallback.txt)."""
+    return _template("hint_fallback.txt")
 
 
 def hint_prompt(code: str, max_chars: int = 12_000) -> str:

@@ -47,7 +47,6 @@ CATEGORIES = {
     "logic": "syllogism",               # does the conclusion follow? Yes / No
     "games": "maze",                    # minimum number of steps through an ASCII maze
 }
-INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class Item:
 
     @property
     def prompt(self) -> str:
-        return self.entry["question"] + INSTRUCTION
+        return envs.eval_question(self.entry["question"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -335,3 +334,15 @@ def memory_stats(records: list[dict]) -> dict:
     """memory/size and memory/diversity (Vendi / n of the remembered programs; None below two)."""
     codes = [r["code"] for r in records]
     return {"memory/size": len(codes), "memory/diversity": diversity(codes) if len(codes) > 1 else None}
+
+
+def zero_variance_fraction(groups: list[list[float]]) -> float:
+    """Share of groups whose rewards are all equal (a group of one included): they carry no gradient.
+
+    >>> round(zero_variance_fraction([[1.0, 1.0], [0.0, 1.0], [0.5]]), 6)
+    0.666667
+    """
+    if not groups:
+        return 0.0
+    flat = sum(1 for g in groups if len(g) == 0 or max(g) - min(g) <= 1e-12)
+    return flat / len(groups)

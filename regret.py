@@ -141,7 +141,7 @@ def agent_advantages(returns: list[float], trained: list[bool] | None = None) ->
         raise ValueError(f"{len(returns)} returns but {len(trained)} trained flags")
     group = [float(r) for r, t in zip(returns, trained) if t]
     if len(group) < 2 or max(group) - min(group) <= 1e-12:
-        return [0.0] * len(returns)   # ties carry no gradient (see zero_variance_fraction)
+        return [0.0] * len(returns)   # ties carry no gradient (their share: evaluate.zero_variance_fraction)
     mu = sum(group) / len(group)
     sd = math.sqrt(sum((r - mu) ** 2 for r in group) / len(group))   # population std
     return [float((r - mu) / (sd + EPS)) if t else 0.0 for r, t in zip(returns, trained)]
@@ -177,18 +177,6 @@ def designer_advantages(rewards: list[float], skills: list[str], scale: float) -
         by_skill.setdefault(s, []).append(float(r))
     means = {s: sum(v) / len(v) for s, v in by_skill.items()}
     return [(float(r) - means[s]) * scale for r, s in zip(rewards, skills)]
-
-
-def zero_variance_fraction(groups: list[list[float]]) -> float:
-    """Share of groups whose rewards are all equal (a group of one included): they carry no gradient.
-
-    >>> round(zero_variance_fraction([[1.0, 1.0], [0.0, 1.0], [0.5]]), 6)
-    0.666667
-    """
-    if not groups:
-        return 0.0
-    flat = sum(1 for g in groups if len(g) == 0 or max(g) - min(g) <= 1e-12)
-    return flat / len(groups)
 
 
 # ----------------------------------------------------------------------------------------------------------

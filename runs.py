@@ -282,7 +282,7 @@ def log_samples(run: Run, step: int, window, live: list, first: bool, window_rec
     output and every environment with hint and scores (last step), the first `episodes_logged` episodes."""
     for d in window.attempts if first else []:
         run.log_sample(dict(step=step, kind="design", slot=d.slot, attempt=d.attempt, skill=d.skill,
-                            doc=d.doc_preview, text=d.text, code=d.code, verdict=d.verdict.to_json()))
+                            doc_preview=d.doc_preview, text=d.text, code=d.code, verdict=d.verdict.to_json()))
     for record in window_records:
         run.log_sample(dict(step=step, **record))
     for e in window.envs if window_records else []:

@@ -8,10 +8,8 @@ last step the designer is scored by hint regret (agent return with the hint minu
 remembers. Both roles share one GRPO-style update per step. SPADE_METHOD.md has the method; this file is the
 loop, phase by phase, and its configuration.
 
-Read next: spade_mini.py (generate, play, update), envs.py (the environment contract), regret.py (every
-formula), sandbox.py (running untrusted code). Plumbing lives in cli.py, runs.py, models.py, evaluate.py
-and isolation.py. Departures from the paper and the official code: the README's numbered list ("Implementation
-details"), the one place they are written down.
+Read next: regret.py, envs.py, spade_mini.py, sandbox.py (the README's reading order). Departures from the
+paper and the official code: the README's numbered list ("Implementation details"), the one place they are.
 """
 from __future__ import annotations
 
@@ -312,8 +310,7 @@ def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
                                **{**sample_kwargs(cfg), "temperature": cfg.hint_temperature})
     runs.fault_point("hint", step)
     for e, out in zip(played, outs):
-        e.hint = clean_hint(envs.after_thinking(out.text)) or \
-            "Read the observation carefully and try a simple action first."
+        e.hint = clean_hint(envs.after_thinking(out.text)) or envs.fallback_hint()
 
 
 def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dict:
@@ -402,7 +399,7 @@ def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
             continue                    # a tie: no gradient
         samples += [spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent")
                     for ep, adv, t in zip(plays, advantages, e.trained[-1]) if t]
-    return samples, {"agent/zero_variance_frac": regret.zero_variance_fraction(groups) if groups else None}
+    return samples, {"agent/zero_variance_frac": evaluate.zero_variance_fraction(groups) if groups else None}
 
 
 def designer_samples(cfg: Config, window: Window) -> list:
@@ -424,7 +421,7 @@ def designer_samples(cfg: Config, window: Window) -> list:
             for d, _, adv in designed if adv != 0 and d.completion_ids]
 
 
-def update(st: State, step: int, samples: list) -> dict:
+def optimize(st: State, step: int, samples: list) -> dict:
     """Phase 8b: --updates-per-step optimizer steps (default one) over both roles' samples (PPO-clip form,
     micro-batched by tokens)."""
     counts = {"loss/samples_agent": sum(s.role == "agent" for s in samples),
@@ -496,7 +493,7 @@ def self_play_step(st: State, step: int) -> dict:
         samples, sample_stats = agent_samples(live)
         samples += designer_samples(cfg, window) if last else []
         runs.fault_point("update", step)
-        clock.update({**sample_stats, **update(st, step, samples)})
+        clock.update({**sample_stats, **optimize(st, step, samples)})
     bar.close()
     clock["perf/step_s"] = time.time() - t0
 

@@ -7,7 +7,6 @@ import pytest
 
 import regret
 import evaluate
-import runs
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -179,8 +178,8 @@ def test_designer_advantages_length_mismatch_raises():
 
 def test_zero_variance_fraction():
     """Groups [1,1] flat, [0,1] not, [0.2,0.2,0.2] flat, [0.5] flat (single): 3 / 4 = 0.75."""
-    assert regret.zero_variance_fraction([[1, 1], [0, 1], [0.2, 0.2, 0.2], [0.5]]) == pytest.approx(0.75)
-    assert regret.zero_variance_fraction([]) == 0.0
+    assert evaluate.zero_variance_fraction([[1, 1], [0, 1], [0.2, 0.2, 0.2], [0.5]]) == pytest.approx(0.75)
+    assert evaluate.zero_variance_fraction([]) == 0.0
 
 
 def test_vendi_score_of_half_similar_pair():
