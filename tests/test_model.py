@@ -1,6 +1,8 @@
 """The model side on a tiny random Llama (2 layers, SmolLM2's 49k vocabulary), CPU only, no downloads:
 log-probs, loss, update and generation, each property checked against a naive or hand-computed reference."""
+import contextlib
 import importlib.util
+import logging
 import os
 
 import pytest
@@ -300,19 +302,27 @@ def test_real_smollm2_generates_text():
     assert "5" in out.text
 
 
-def test_loading_generating_and_updating_print_no_warning_a_user_cannot_act_on():
-    """A run's own calls (load with checkpointing, greedy and sampled generate, one update) raise no Python
-    warning and log no transformers warning (peft's deprecated-alias FutureWarning, the `top_k` generation-flags
-    line on greedy calls)."""
-    import logging
-    import warnings
-
+@contextlib.contextmanager
+def transformers_log():
+    """The records transformers logs at WARNING or above while the block runs."""
     logged = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = logged.append
     logger = logging.getLogger("transformers")
     logger.addHandler(handler)
     try:
+        yield logged
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_loading_generating_and_updating_print_no_warning_a_user_cannot_act_on():
+    """A run's own calls (load with checkpointing, greedy and sampled generate, one update) raise no Python
+    warning and log no transformers warning (peft's deprecated-alias FutureWarning, the `top_k` generation-flags
+    line on greedy calls)."""
+    import warnings
+
+    with transformers_log() as logged:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model, tok, _ = tiny(gradient_checkpointing=True)
@@ -322,8 +332,6 @@ def test_loading_generating_and_updating_print_no_warning_a_user_cannot_act_on()
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
             sm.update(model, opt, [sm.Sample([1, 2, 3, 4], [0, 0, 1, 1], 1.0, "agent")], temperature=0.7,
                       token_budget=4096, max_grad_norm=1.0)
-    finally:
-        logger.removeHandler(handler)
     ours = [w for w in caught if not issubclass(w.category, ResourceWarning)]
     assert not ours, [f"{w.category.__name__}: {w.message}" for w in ours]
     assert not logged, [r.getMessage() for r in logged]
@@ -333,17 +341,8 @@ def test_the_bundled_gguf_converts_to_a_plain_model_without_a_quantization_claim
     """The GGUF is dequantized on purpose (asked for explicitly, so transformers has no fallback to warn about):
     the cached folder holds plain safetensors weights and a config without a quantization claim, which would
     make every reload look for the GGUF file again."""
-    import logging
-
-    logged = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = logged.append
-    logger = logging.getLogger("transformers")
-    logger.addHandler(handler)
-    try:
+    with transformers_log() as logged:
         folder = models._gguf_cache(models._bundled_smollm2(), str(tmp_path))
-    finally:
-        logger.removeHandler(handler)
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
     assert "quantization_config" not in (folder / "config.json").read_text()
     assert not logged, [r.getMessage() for r in logged]
