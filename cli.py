@@ -4,9 +4,9 @@ A support module (a first read of the method may skip it). `train`'s flags are g
 (`--group-size` <-> `cfg.group_size`, the field's trailing comment is its help). Bad input of any kind ends in
 one line `spade-mini: error: ...` and exit code 2, never a traceback.
 
-subtle: the heavy modules are imported only by the commands that need them (the only lazy imports of the
-project: torch for train and eval, matplotlib for report), so `validate`, `play`, `score` and `report` start
-without torch, and all but `report` without matplotlib.
+subtle: the heavy modules are imported only by the commands that need them (the project's lazy imports, besides
+the optional sympy corpus and tensorboard in runs.py: torch for train and eval, matplotlib for report), so
+`validate`, `play`, `score` and `report` start without torch, and all but `report` without matplotlib.
 """
 from __future__ import annotations
 
@@ -312,6 +312,18 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="last stdout line is the result as one JSON object")
 
 
+def read_json(path: Path, what: str, keys: tuple = ()) -> dict:
+    """A JSON object with `keys` that a run or an adapter must hold; InputError naming it when missing or
+    unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{what}: {path} is missing or not JSON ({type(err).__name__})") from None
+    if not (isinstance(data, dict) and all(k in data for k in keys)):
+        raise InputError(f"{what}: {path} is not a JSON object with {', '.join(keys)}")
+    return data
+
+
 def eval_source(args: argparse.Namespace, train) -> tuple[str, Path | None, dict]:
     """(model name, adapter dir or None, models.load_model keyword arguments) from --preset/--model/--adapter/
     --run; also fills in the default --max-new-tokens from the preset."""
@@ -325,13 +337,13 @@ def eval_source(args: argparse.Namespace, train) -> tuple[str, Path | None, dict
         adapter = run.latest_checkpoint()  # the newest step_NNNNN whose state.json exists
         if adapter is None:
             raise InputError(f"--run: {run.root} has no complete checkpoint (checkpoints/step_*/state.json)")
-        name = args.model or json.loads(run.config.read_text())["model"]
+        name = args.model or read_json(run.config, "--run", ("model",))["model"]
     elif args.adapter:
         adapter = Path(args.adapter)
     if adapter is not None:
         if not (adapter / "adapter_model.safetensors").exists():
             raise InputError(f"{adapter}: no adapter_model.safetensors (not a peft adapter directory)")
-        saved_lora = json.loads((adapter / "adapter_config.json").read_text())  # the rank must match the weights
+        saved_lora = read_json(adapter / "adapter_config.json", "the adapter", ("r", "lora_alpha"))  # the rank must match the weights
         lora = {k: saved_lora[k] for k in lora}
     kwargs = dict(lora_r=lora["r"], lora_alpha=lora["lora_alpha"], lora_dropout=0.0, quantize=args.quantize,
                   gradient_checkpointing=False, cache_dir=args.cache_dir, seed=args.seed)
@@ -631,7 +643,7 @@ def env_section(step: int, py: Path, episode: dict | None) -> str:
     scores = [[k, fmt(v) if number(v) is not None else v] for k, v in meta.items() if k not in ("hint", "skill")]
     anchor = f"s{step}-{py.stem}"
     return "\n".join([
-        f'<h3 id="{esc(anchor)}">step {step} &middot; {esc(py.stem)} &middot; {esc(meta.get("skill", "?"))}</h3>',
+        f'<h3 id="{esc(anchor)}">step {step} &middot; {esc(py.stem)} &middot; {esc(meta.get("skill") or meta.get("origin", "?"))}</h3>',
         table(scores, ["score", "value"]) if scores else '<p class="note">no scores file</p>',
         f"<p>hint:</p><blockquote>{esc(meta.get('hint') or '(none)')}</blockquote>",
         f"<details><summary>code ({len(py.read_text(errors='replace').splitlines())} lines)</summary>"

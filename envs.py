@@ -8,7 +8,8 @@ model reads (prompts/*.txt, plain text), and keeps the environment memory.
 The contract (duck-typed; SPADE_METHOD.md): a class whose name ends in `Env`, `__init__(max_turns=12)` (built
 with its own defaults; the runner then caps max_turns, never raises it),
 `reset(seed) -> (obs, info)` (bare str tolerated), `step(action) -> (obs, reward, terminated, truncated,
-info)` with real bools, optional `solution()`. The same seed must give the same episode.
+info)` with real bools, optional `solution()`. The same seed must give the same episode. Departures (the
+README's numbered list): 7 and 17, the same-seed check and the two checks by execution.
 """
 import dataclasses
 import hashlib
@@ -31,9 +32,9 @@ SKILLS = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
 PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}")
 CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "step_types", "reward_range",
           "not_trivial", "reset_123", "deterministic", "solvable")
-REJECTIONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
-           "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable", "timeout",
-           "memory", "forbidden", "crash", "not_serializable", "protocol", "bad_reply")
+VERDICT_REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
+                   "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable",
+                   "timeout", "memory", "forbidden", "crash", "not_serializable", "protocol", "bad_reply")
 WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
 MAX_CODE_BYTES = 256_000   # the paper's environments are 300-380 lines (~15 kB); megabytes are rejected unread
 REWARD_BOUND = 10.0        # validation: |reward| <= 10 and finite
@@ -61,7 +62,7 @@ class ContractError(ValueError):
 
 
 class Rejected(Exception):
-    """Validation stopped at a check; reason is one of REJECTIONS."""
+    """Validation stopped at a check; reason is one of VERDICT_REASONS."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}")
@@ -71,7 +72,7 @@ class Rejected(Exception):
 @dataclass
 class Verdict:
     valid: bool
-    reason: str                  # "ok" when valid, else one of REJECTIONS
+    reason: str                  # "ok" when valid, else one of VERDICT_REASONS
     class_name: str | None
     checks: dict[str, bool | None] = field(default_factory=dict)  # every name in CHECKS; not reached = False,
     detail: str = ""                                              # skipped = None (solvable without solution())

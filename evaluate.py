@@ -1,7 +1,7 @@
 """Measuring: is the model getting better at reasoning it never trained on, and what is the designer writing?
 
-Self-play trains only on environments the model wrote itself, so its progress must be measured elsewhere. Two
-measurements, both deterministic for a given checkpoint (greedy decoding, explicit seeds):
+Self-play trains only on environments the model wrote itself, so its progress must be measured elsewhere: 1 and
+2, both deterministic for a given checkpoint (greedy decoding, explicit seeds); 3 describes the designer's output.
 
 1. reasoning-gym (the paper's largest gain, +14-18): a fixed, seeded set of procedurally generated problems
    from four categories, `limit` items each. Each question is asked once in the agent's format ("put your
@@ -12,7 +12,6 @@ measurements, both deterministic for a given checkpoint (greedy decoding, explic
 2. environment pool: a folder of held-out environments (*.py) played by the agent exactly as in training
    (spade_mini.play, no hint), `plays` seeds each; win rate = share of plays with return > 0 (the memory's
    definition). Programs that fail envs.validate are skipped and listed.
-
 3. statistics of the designer's environments, logged at a window's first step: size (lines of code), whether
    the hint or the first observation gives the solution away, and diversity (Vendi score of code n-grams).
 
@@ -34,7 +33,6 @@ import reasoning_gym
 
 import envs
 import models
-import runs
 import spade_mini
 from sandbox import Limits, SandboxError
 
@@ -66,8 +64,6 @@ class Item:
 
 def eval_items(limit: int, seed: int, categories: dict[str, str] = CATEGORIES) -> list[Item]:
     """`limit` items per category from reasoning-gym's generators, all seeded with `seed`; same seed, same set."""
-    if limit < 1:
-        raise runs.InputError(f"--limit must be >= 1 (got {limit})")
     items = []
     for category, name in categories.items():
         data = reasoning_gym.create_dataset(name, size=limit, seed=seed)

@@ -331,8 +331,10 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
     """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given. -> (ids (B, T + N), cache)."""
     sample = temperature > 0
     # subtle: an unset (None) field is filled from the model's generation_config (Qwen3: top_k 20, T 0.7) and
-    # then HF's defaults (top_k 50), so sampling sets every knob; top_k 0 and top_p 1 mean off. Greedy uses none.
-    knobs = dict(temperature=temperature, top_p=top_p, top_k=top_k) if sample else {}
+    # then HF's defaults (top_k 50), so sampling sets every knob; top_k 0 and top_p 1 mean off. Greedy sets HF's
+    # neutral values, so that it inherits no sampling knob (ignored anyway, but HF warns about each one).
+    knobs = dict(temperature=temperature, top_p=top_p, top_k=top_k) if sample else \
+        dict(temperature=1.0, top_p=1.0, top_k=50)
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample, repetition_penalty=1.0,
                               pad_token_id=tok.pad_token_id, eos_token_id=sorted(stop_ids(model, tok)),
                               use_cache=True, return_dict_in_generate=True, **knobs)

@@ -7,7 +7,7 @@ the variants below); the agent's and the designer's samples then get per-role ad
 
 Everything here is a small pure function of numbers with a hand-computed example that runs as a doctest;
 `score_window` is the one function the training loop and `spade-mini score` both call. Standard
-library only.
+library only. Departures (the README's numbered list): 9 (the default reward) and 15 (whom S counts).
 """
 import math
 

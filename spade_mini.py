@@ -7,8 +7,8 @@ model is loaded, and HF `generate` driven (padding, seeds, the KV cache kept acr
 environments run in sandbox.py's child processes.
 
 Departures from the paper and the official code are listed once, in the README ("Implementation details");
-this module implements items 1-3 (LoRA, the PPO-clip-form update and its normalization), 12 (log-probs on the
-full softmax) and 18-19 (the KL estimator, the rollout engine's KV-cache reuse).
+this module implements items 2, 3, 12 and 18 (the update, its normalization, log-probs on the full softmax,
+the KL estimator); models.py has 1 and 19 (LoRA, the KV cache kept across turns).
 """
 from __future__ import annotations
 
@@ -313,15 +313,16 @@ def _tensors(part: list[Sample], pad_id: int, device) -> tuple[torch.Tensor, tor
 
 def _old_logprobs(model, samples: list[Sample], *, temperature: float, token_budget: int, pad_id: int,
                   chunk_size: int) -> list[torch.Tensor]:
-    """Each sample's log-probs (T,) under the weights that sampled it, taken once before the first of several
-    optimizer steps (the PPO ratio's denominator)."""
+    """Each sample's log-probs (T,) under the weights that sampled it, in eval mode (no dropout, as when it was
+    sampled), taken once before the first of several optimizer steps (the PPO ratio's denominator)."""
     old: list[torch.Tensor] = [None] * len(samples)  # type: ignore[list-item]
+    model.eval()
     with torch.no_grad():
         for batch in micro_batches([len(s.token_ids) for s in samples], token_budget):
             ids, attn, mask = _tensors([samples[i] for i in batch], pad_id, model.device)  # (b, T)
             logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
             for row, i in enumerate(batch):
-                old[i] = logp[row, : len(samples[i].token_ids)]
+                old[i] = logp[row, : len(samples[i].token_ids)].cpu()
     return old
 
 
@@ -359,13 +360,13 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     Each step's samples go through token-budget micro-batches, gradients accumulated, then norm-clipped."""
     t0 = time.time()
     models.reset_peak_memory(model)
-    model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     order = list(range(len(samples)))
     if updates > 1:
         random.Random(seed).shuffle(order)
-    shares = [order[k::updates] for k in range(min(updates, len(samples)))]
+    shares = [order[k::updates] for k in range(min(updates, len(samples)))] or [[]]   # no samples: a no-op step
     old = _old_logprobs(model, samples, temperature=temperature, token_budget=token_budget, pad_id=pad_id,
                         chunk_size=chunk_size) if len(shares) > 1 else None
+    model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     params = [p for p in model.parameters() if p.requires_grad]
     totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "tokens": 0.0, "padded_tokens": 0}
     norms = []

@@ -9,7 +9,8 @@ remembers. Both roles share one GRPO-style update per step. SPADE_METHOD.md has 
 loop, phase by phase, and its configuration.
 
 Read next: regret.py, envs.py, spade_mini.py, sandbox.py (the README's reading order). Departures from the
-paper and the official code: the README's numbered list ("Implementation details"), the one place they are.
+paper and the official code: the README's numbered list ("Implementation details"), the one place they are;
+the loop has 4-6, 10, 11 and 14 (dropped ties, paired and derived seeds, hints, backfill, a cut-short window).
 """
 from __future__ import annotations
 
@@ -435,7 +436,7 @@ def optimize(st: State, step: int, samples: list) -> dict:
                             pad_id=st.tok.pad_token_id or 0, updates=cfg.updates_per_step,
                             seed=envs.derive_seed(cfg.seed, step, "update", 0))
     names = {"loss": "loss/policy", "kl": "loss/kl", "clip_frac": "loss/clip_frac", "grad_norm": "loss/grad_norm",
-             "tokens": "loss/tokens", "tokens_per_s": "perf/train_tok_per_s", "peak_mem_mb": "perf/peak_mem_mb"}
+             "updates": "loss/updates", "tokens": "loss/tokens", "tokens_per_s": "perf/train_tok_per_s", "peak_mem_mb": "perf/peak_mem_mb"}
     return {**{names[k]: v for k, v in out.items() if k in names}, **counts}
 
 
@@ -518,8 +519,8 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
         state = models.load_checkpoint(ckpt, st.model, st.optimizer)
         st.mu_slow = state["mu_slow"]
         st.window = Window.from_json(state["window"]) if state.get("window") else None
-    except (ValueError, KeyError, TypeError) as err:   # a truncated or foreign file: which checkpoint, no traceback
-        raise runs.InputError(f"--resume: {err}") from err
+    except Exception as err:           # a truncated or foreign file: which checkpoint, not a traceback
+        raise runs.InputError(f"--resume: checkpoint {ckpt}: {type(err).__name__}: {err}") from err
     shutil.copyfile(ckpt / "memory.json", st.run.memory)
     st.memory = envs.Memory(st.run.memory, st.cfg.memory_capacity)
 

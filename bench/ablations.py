@@ -50,7 +50,7 @@ def run_variant(name: str, flags: list[str], args: argparse.Namespace, out: Path
     """One training run in a subprocess; then, optionally, the held-out eval of its last checkpoint."""
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)  # same steps and seed every time: start from scratch
-    cmd = [sys.executable, str(ROOT / "train.py"), "train", "--preset", args.preset, "--model", args.model,
+    cmd = [sys.executable, str(ROOT / "cli.py"), "train", "--preset", args.preset, "--model", args.model,
            "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(run_dir),
            *[f.replace("{pool}", str(pool)) for f in flags], *shlex.split(args.train_args)]
     t0 = time.time()
@@ -68,7 +68,7 @@ def run_variant(name: str, flags: list[str], args: argparse.Namespace, out: Path
 
 def held_out_score(source: list[str], args: argparse.Namespace, log_path: Path) -> float | None:
     """`spade-mini eval` of a run's last checkpoint (source ["--run", DIR]) or of the base model; None if it failed."""
-    cmd = [sys.executable, str(ROOT / "evaluate.py"), *source, "--preset", args.preset, "--limit",
+    cmd = [sys.executable, str(ROOT / "cli.py"), "eval", *source, "--preset", args.preset, "--limit",
            str(args.eval_limit), "--seed", str(args.seed), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     log_path.write_text(proc.stdout + proc.stderr)

@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 from types import SimpleNamespace
-import models
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,7 +61,7 @@ def build(shape: str, quantize: str, folder: str):
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    import spade_mini as sm
+    import models
 
     config = Qwen3Config(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
@@ -90,7 +89,7 @@ def weight_bytes(model) -> int:
 
 def decode_ms(model, tok, batch: int, prompt_len: int, steps: int, static: bool) -> float:
     """ms per decode step = (time for `steps` tokens - time for 1 token) / (steps - 1): the prefill cancels."""
-    import spade_mini as sm
+    import models
 
     prompts = [[3 + (i * 7 + j) % 500 for j in range(prompt_len)] for i in range(batch)]
     device = model.device.type

@@ -22,7 +22,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GUESS_ENV = '''
 import random
 import re
-import models
 
 
 class GuessEnv:

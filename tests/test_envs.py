@@ -56,7 +56,7 @@ def solution_actions(code: str, seed: int) -> list[str]:
 
 def test_every_bad_fixture_has_an_expected_reason():
     assert sorted(BAD) == sorted(p.name for p in ENV_DIR.glob("bad_*.py"))
-    assert set(BAD.values()) <= set(envs.REJECTIONS)
+    assert set(BAD.values()) <= set(envs.VERDICT_REASONS)
 
 
 @pytest.mark.parametrize("name", GOOD)

@@ -155,3 +155,10 @@ def test_eval_metrics_are_flat_namespaced_keys_for_metrics_jsonl(tiny, tmp_path)
     expected = {"eval/score", "eval/answered", "eval/pool_win_rate", "perf/eval_s", "perf/eval_pool_s"}
     assert set(out) == expected | {f"eval/{c}" for c in evaluate.CATEGORIES}
     assert out["eval/pool_win_rate"] == 1.0
+
+
+def test_an_adapter_without_its_config_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    assert cli.main(["eval", "--adapter", str(tmp_path), "--limit", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("spade-mini: error: the adapter:") and "adapter_config.json" in err[0]

@@ -812,7 +812,6 @@ import sys, time
 from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, {repo!r})
 import isolation, sandbox
-import cli
 # the environment has replaced the watchdog's descriptor (class 10): here the watchdog is simply not started
 isolation._CHILD_SOURCE = isolation._CHILD_SOURCE.replace("_thread.start_new_thread(_child_watchdog", "(lambda *a: 0)(0")
 code = "class SleepEnv:\\n    def step(self, action):\\n        import time\\n        time.sleep(1000)\\n"

@@ -326,6 +326,8 @@ def test_loading_generating_and_updating_print_no_warning_a_user_cannot_act_on()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model, tok, _ = tiny(gradient_checkpointing=True)
+            config = model.generation_config   # sampling defaults as Qwen3 ships them, inherited by greedy calls
+            config.do_sample, config.temperature, config.top_p, config.top_k = True, 0.7, 0.8, 20
             prompt = [models.chat_ids(tok, "hi")]
             models.generate(model, tok, prompt, max_new_tokens=4, temperature=0.0, top_p=1.0, top_k=0, seed=0)
             models.generate(model, tok, prompt, max_new_tokens=4, temperature=0.7, top_p=0.9, top_k=20, seed=0)
@@ -346,3 +348,55 @@ def test_the_bundled_gguf_converts_to_a_plain_model_without_a_quantization_claim
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
     assert "quantization_config" not in (folder / "config.json").read_text()
     assert not logged, [r.getMessage() for r in logged]
+
+
+def updated(updates: int, n_samples: int, lr: float = 1e-2, seed: int = 7):
+    """(model, metrics, optimizer) after one spade_mini.update with `updates` optimizer steps on n samples."""
+    model, tok, _ = tiny(seed=seed)
+    with torch.no_grad():  # LoRA B starts at 0 (zero gradient for A); give it values so every weight moves
+        for k, (n, p) in enumerate(model.named_parameters()):
+            if "lora_B" in n:
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(k))
+    ids, attn, mask = make_batch(len(tok), [20 + 3 * i for i in range(n_samples)], seed=seed)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    advantages = [(-1.0) ** i for i in range(n_samples)]
+    metrics = sm.update(model, opt, samples_from(ids, attn, mask, advantages), temperature=1.0, token_budget=4096,
+                        max_grad_norm=1e9, updates=updates, seed=0)
+    return model, metrics, opt
+
+
+def test_several_updates_take_one_optimizer_step_per_mini_batch():
+    _, metrics, opt = updated(updates=2, n_samples=4)
+    steps = {int(state["step"]) for state in opt.state.values()}
+    assert metrics["updates"] == 2 and steps == {2}
+
+
+def test_more_updates_than_samples_give_one_step_per_sample():
+    _, metrics, opt = updated(updates=5, n_samples=2)
+    assert metrics["updates"] == 2 and {int(s["step"]) for s in opt.state.values()} == {2}
+
+
+def test_the_clip_binds_only_when_a_step_follows_another():
+    """K = 1: ratio 1 by construction, no token clipped. K = 2 with a large step: the second mini-batch is scored
+    against log-probs of the weights before the first step, its ratio leaves [0.8, 1.28] and tokens clip."""
+    assert updated(updates=1, n_samples=4, lr=0.5)[1]["clip_frac"] == 0.0
+    assert updated(updates=2, n_samples=4, lr=0.5)[1]["clip_frac"] > 0.0
+
+
+def test_several_updates_of_one_sample_equal_one_update():
+    """One sample is one mini-batch whatever K: the same weights as K = 1 (old log-probs taken in eval mode equal
+    the detached current ones)."""
+    one, _, _ = updated(updates=1, n_samples=1)
+    many, metrics, _ = updated(updates=3, n_samples=1)
+    assert metrics["updates"] == 1
+    for (name, a), b in zip(lora_state(one).items(), lora_state(many).values()):
+        assert torch.allclose(a, b, atol=1e-7), name
+
+
+def test_an_update_without_samples_changes_nothing():
+    model, tok, _ = tiny(seed=9)
+    before = lora_state(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    metrics = sm.update(model, opt, [], temperature=1.0, token_budget=4096, max_grad_norm=1.0, updates=2)
+    assert metrics["samples"] == 0 and metrics["grad_norm"] == 0.0
+    assert all(torch.equal(before[n], p) for n, p in lora_state(model).items())
