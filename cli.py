@@ -16,7 +16,6 @@ import html
 import inspect
 import json
 import math
-import os
 import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -73,11 +72,21 @@ def field_help(config_class) -> dict[str, str]:
     return dict(re.findall(r"^\s+(\w+): [^#\n]+#\s*(.+)$", inspect.getsource(config_class), flags=re.M))
 
 
+def preset_values(name: str, default) -> str:
+    """The value of a Config field under each preset, grouped: "tiny: 300; 4b, 8b, 30b-a3b: 6000"."""
+    groups: dict = {}
+    for preset, overrides in PRESETS.items():
+        groups.setdefault(repr(overrides.get(name, default)), []).append(preset)
+    if len(groups) == 1:
+        return f"default: {next(iter(groups))}"
+    return "; ".join(f"{', '.join(presets)}: {value}" for value, presets in groups.items())
+
+
 def add_config_flags(parser: argparse.ArgumentParser, config_class) -> None:
     helps = field_help(config_class)
     for f in dataclasses.fields(config_class):
         flag = "--" + f.name.replace("_", "-")
-        text = f"{helps.get(f.name, '')} (default: {f.default!r}; presets may change it)"
+        text = f"{helps.get(f.name, '')} ({preset_values(f.name, f.default)})".replace("%", "%%")
         if f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
         else:
@@ -118,16 +127,22 @@ def check_config(train, cfg) -> None:
                        (cfg.backfill, "--backfill")):
         if path and not Path(path).exists():
             raise InputError(f"{flag}: {path} does not exist")
-    model_path = Path(os.path.expanduser(cfg.model))
-    if (cfg.model.endswith(".gguf") or cfg.model.startswith((".", "/", "~"))) and not model_path.exists():
-        raise InputError(f"--model: {cfg.model} does not exist")
     train.active_skills(cfg, 0)  # raises on unknown skill names
 
 
 def cmd_train(explicit: dict) -> int:
+    import models
     import train
     cfg = config_from_args(train, explicit)
+    if cfg.resume:
+        cfg = runs.resumed_config(cfg, keep_steps="steps" not in explicit)
+        done = runs.steps_done(runs.Run(cfg.resume))
+        if done >= cfg.steps:
+            print(f"spade-mini: {cfg.resume} already has {done} steps (--steps {cfg.steps}): nothing to do; "
+                  f"continue it with --resume {cfg.resume} --steps {done + 1} or more")
+            return 0
     check_config(train, cfg)
+    models.check_model(cfg.model)
     train.train(cfg)
     return 0
 
@@ -135,40 +150,53 @@ def cmd_train(explicit: dict) -> int:
 # -----------------------------------------------------------------------------------------------------------
 # spade-mini validate / play
 
-def read_file(path: str, limit: int = 1_000_000) -> bytes:
-    p = Path(path)
+def read_file(path: str, limit: int = 1_000_000, flag: str = "") -> bytes:
+    p, where = Path(path), f"{flag}: {path}" if flag else path
+    if p.is_dir():
+        raise InputError(f"{where} is a directory, not a file")
     if not p.is_file():
-        raise InputError(f"{path}: no such file")
+        raise InputError(f"{where}: no such file")
     if p.stat().st_size > limit:
-        raise InputError(f"{path}: larger than {limit // 1_000_000} MB")
+        raise InputError(f"{where}: larger than {limit // 1_000_000} MB")
     return p.read_bytes()
 
 
 def cmd_validate(path: str, as_json: bool, timeout: float) -> int:
-    if not Path(path).is_file():
-        raise InputError(f"{path}: no such file")
-    verdict = envs.validate(Path(path).read_bytes(), Limits(call_timeout=timeout))  # bytes: bad UTF-8 is a reason
+    verdict = envs.validate(read_file(path, limit=1 << 40), Limits(call_timeout=timeout))  # bytes: bad UTF-8 is a reason
     print(f"{path}: {'valid' if verdict.valid else 'rejected'} ({verdict.reason})"
           + (f" class {verdict.class_name}" if verdict.class_name else "")
           + (f": {verdict.detail}" if verdict.detail else ""))
+    failed = next((name for name, ok in verdict.checks.items() if ok is False), None) if not verdict.valid else None
     for name, ok in verdict.checks.items():
-        print(f"  {'skip' if ok is None else 'ok  ' if ok else 'FAIL'} {name}")
+        shown = "skip" if ok is None else "ok  " if ok else "FAIL" if name == failed else "-   "   # -: not reached
+        print(f"  {shown} {name}")
     if as_json:
         print(json.dumps({**verdict.to_json(), "sandbox": isolation_report()}))
     return 0 if verdict.valid else 1
 
 
+def typed_action(line: str) -> str:
+    r"""What a person's line becomes: the first \boxed{} of it, or the whole line wrapped in one.
+
+    >>> typed_action("left"), typed_action(r"I say \boxed{7} now")
+    ('\\boxed{left}', '\\boxed{7}')
+    """
+    line = line.strip()
+    return envs.to_action(line) if "\\boxed{" in line else f"\\boxed{{{line}}}"
+
+
 def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
                   limits: Limits = Limits()) -> dict:
-    """Replay action texts (one per turn, through envs.to_action) until the episode ends, the actions run out
-    or max_turns; for `spade-mini play --actions`. Returns {return, turns, terminated, failure, transcript}."""
+    """Replay typed actions (one per turn, wrapped as in interactive play) until the episode ends, the actions
+    run out or max_turns; for `spade-mini play --actions`. Returns {return, turns, terminated, failure,
+    transcript}; failure is the sandbox's reason (or "contract") when the environment failed."""
     transcript: list[dict] = []
     last_reward, terminated, failure, turns = None, False, None, 0
     try:
         with envs.open_env(code, max_turns, limits) as env:
             transcript.append({"turn": 0, "observation": envs.parse_reset(env.call("reset", seed))})
             for turns, text in enumerate(actions[:env.max_turns or max_turns], start=1):
-                action = envs.to_action(text)
+                action = typed_action(text)
                 obs, last_reward, terminated, truncated = envs.parse_step(env.call("step", action))
                 transcript.append({"turn": turns, "action": action, "observation": obs, "reward": last_reward,
                                    "terminated": terminated, "truncated": truncated})
@@ -185,14 +213,19 @@ def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: f
     code = read_file(path).decode("utf-8", errors="replace")
     limits = Limits(call_timeout=timeout)
     if actions_file:
-        if not Path(actions_file).is_file():
-            raise InputError(f"--actions: {actions_file}: no such file")
-        actions = [a for a in Path(actions_file).read_text(errors="replace").splitlines() if a.strip()]
+        actions = [a for a in read_file(actions_file, flag="--actions").decode(errors="replace").splitlines()
+                   if a.strip()]
         result = play_scripted(code, actions, seed=seed, max_turns=max_turns, limits=limits)
         for t in result["transcript"]:
-            print(f"turn {t.get('turn')}: action {t.get('action')!r} -> reward {t.get('reward')}")
-        print(json.dumps({k: result[k] for k in ("return", "turns", "terminated")}))
-        return 0
+            if "failure" in t:
+                print(f"environment failed: {t['failure']}: {t['detail']}")
+            elif t["turn"] == 0:
+                print(t["observation"])
+            else:
+                print(f"[turn {t['turn']}] {t['action']}\n{t['observation']}\n(reward {t['reward']}"
+                      f"{', terminated' if t['terminated'] else ''}{', truncated' if t['truncated'] else ''})")
+        print(json.dumps({k: result[k] for k in ("return", "turns", "terminated", "failure")}))
+        return 1 if result["failure"] else 0
     return play_interactive(code, seed, max_turns, limits)
 
 
@@ -206,7 +239,7 @@ def play_interactive(code: str, seed: int, max_turns: int, limits: Limits) -> in
                     line = input(f"[turn {turn}] action> ").strip()
                 except EOFError:
                     break
-                action = line if "\\boxed{" in line else f"\\boxed{{{line}}}"
+                action = typed_action(line)
                 obs, reward, terminated, truncated = envs.parse_step(env.call("step", action))
                 print(f"{obs}\n(reward {reward}, turn {turn}{', terminated' if terminated else ''}"
                       f"{', truncated' if truncated else ''})")
@@ -215,6 +248,8 @@ def play_interactive(code: str, seed: int, max_turns: int, limits: Limits) -> in
     except (SandboxError, envs.ContractError) as err:
         print(f"environment failed: {err}")
         return 1
+    except KeyboardInterrupt:
+        print()
     return 0
 
 
@@ -715,6 +750,17 @@ def cmd_report(run_dir: str) -> int:
 # -----------------------------------------------------------------------------------------------------------
 # the parser, and main
 
+def positive(kind):
+    """An argparse type: a number of `kind` that must be > 0."""
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     """Every subcommand, with the arguments of `command` only (train's come from Config, which needs torch)."""
     parser = argparse.ArgumentParser(prog="spade-mini", description=__doc__.split("\n")[0])
@@ -729,11 +775,11 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
         add_config_flags(p["train"], train.Config)
     for name in ("validate", "play"):
         p[name].add_argument("file", help="a Python file defining a *Env class")
-        p[name].add_argument("--timeout", type=float, default=5.0, help="seconds per environment call")
+        p[name].add_argument("--timeout", type=positive(float), default=5.0, help="seconds per environment call")
     p["validate"].add_argument("--json", action="store_true", help="last stdout line is the verdict as JSON")
     p["play"].add_argument("--seed", type=int, default=0, help="reset seed")
     p["play"].add_argument("--actions", default="", help="file with one action per line (non-interactive)")
-    p["play"].add_argument("--max-turns", type=int, default=12, help="turn cap")
+    p["play"].add_argument("--max-turns", type=positive(int), default=12, help="turn cap")
     p["score"].add_argument("file", help="a JSON file of outcomes (format in the README)")
     add_eval_flags(p["eval"])
     p["report"].add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
@@ -759,15 +805,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = vars(parser.parse_args(argv))
-    if args.get("command") is None:
-        args["command"] = "train"   # bare `spade-mini` runs the CPU demo
+    if args.get("command") is None:   # bare `spade-mini`: what it can do (the demo is `spade-mini train`)
+        parser.print_help()
+        return 0
+    command = args["command"]
     try:
         return run_command(args)
     except InputError as err:
         print(f"spade-mini: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("spade-mini: interrupted; continue with --resume RUN_DIR", file=sys.stderr)
+        hint = "; continue with --resume RUN_DIR" if command == "train" else ""
+        print(f"spade-mini: interrupted{hint}", file=sys.stderr)
         return 130
 
 

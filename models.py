@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GenerationConfig, GgufConfig,
@@ -60,10 +61,10 @@ def _gguf_cache(gguf: Path, cache_dir: str, with_model: bool = True) -> Path:
     """Dequantize a GGUF file once into a safetensors folder (19 s), so later loads take 0.3 s."""
     out = Path(cache_dir).expanduser() / gguf.stem
     if not (out / "tokenizer.json").exists():
-        _save_into(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name), out, "tokenizer.json")
+        _save_into(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True), out, "tokenizer.json")
     if with_model and not (out / "model.safetensors").exists():
         # note: dequantized on purpose (asked for, so transformers does not warn that it falls back to it)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True,
                                                      quantization_config=GgufConfig(dequantize=True))
         # subtle: a loaded model may still claim to be "gguf-quantized"; it is plain fp32 now, and saving
         # it with that claim would make every reload try to re-read a GGUF file.
@@ -117,7 +118,7 @@ def _tiny_random(tok, attn: str):
 
 
 def _from_pretrained(path: str, device: str, dtype: torch.dtype, quantized: bool, attn: str):
-    kwargs: dict = {"dtype": dtype, "attn_implementation": attn}
+    kwargs: dict = {"dtype": dtype, "attn_implementation": attn, "local_files_only": True}
     if quantized:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
@@ -125,6 +126,26 @@ def _from_pretrained(path: str, device: str, dtype: torch.dtype, quantized: bool
         kwargs["device_map"] = {"": device}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     return model if quantized else model.to(device)
+
+
+def check_model(name: str) -> None:
+    """InputError, before anything is loaded, unless `name` is a bundled model, a .gguf file, a model directory
+    or a Hugging Face id already in the local cache: spade-mini never downloads (from_pretrained is offline)."""
+    if name in ("tiny-random", "smollm2-135m"):
+        return
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix != ".gguf":
+        raise runs.InputError(f"--model: {name} is a file but not a .gguf; give a model directory, a .gguf file or "
+                              "a Hugging Face id")
+    if path.is_dir() and not (path / "config.json").exists():
+        raise runs.InputError(f"--model: {name} is a directory without config.json (not a saved model)")
+    if name.endswith(".gguf") or name.startswith((".", "/", "~")) or path.exists():
+        if not path.exists():
+            raise runs.InputError(f"--model: {name} does not exist")
+        return
+    if try_to_load_from_cache(name, "config.json") is None:
+        raise runs.InputError(f"--model: {name} is not in the local Hugging Face cache and spade-mini never "
+                              f"downloads; fetch it first (`hf download {name}`) or pass a model directory")
 
 
 def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, quantize: str,
@@ -135,7 +156,8 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
     attn = _attention(attn_implementation, device)
     torch.manual_seed(seed)  # the random init of tiny-random
     if name == "tiny-random":
-        tok = AutoTokenizer.from_pretrained(_gguf_cache(_bundled_smollm2(), cache_dir, with_model=False))
+        tok = AutoTokenizer.from_pretrained(_gguf_cache(_bundled_smollm2(), cache_dir, with_model=False),
+                                            local_files_only=True)
         model = _tiny_random(tok, attn).to(device, dtype)
         quantized, reason = False, reason + " (tiny-random: never quantized)"
     else:
@@ -144,8 +166,8 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
             path = _gguf_cache(_bundled_smollm2(), cache_dir)
         elif name.endswith(".gguf"):
             path = _gguf_cache(path.resolve(), cache_dir)
-        source = str(path) if path.exists() else name  # an HF id resolves through the local hub cache
-        tok = AutoTokenizer.from_pretrained(source)
+        source = str(path) if path.exists() else name  # an HF id resolves through the local hub cache only
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
         model = _from_pretrained(source, device, dtype, quantized, attn)
     tok.padding_side = "left"  # generation pads on the left; update() pads on the right by itself
     if tok.pad_token_id is None:

@@ -152,29 +152,49 @@ def existing_run(root: str | Path, flag: str) -> Run:
     return run
 
 
+def resumed_config(cfg, keep_steps: bool = False):
+    """--resume: the run's saved config (`cfg`'s dataclass) with this command's --steps (or, keep_steps, the
+    saved ones); nothing is written."""
+    run = existing_run(cfg.resume, "--resume")
+    try:
+        saved = json.loads(run.config.read_text())
+        steps = saved["steps"] if keep_steps else cfg.steps
+        return type(cfg)(**{**saved, "steps": steps, "resume": str(run.root), "out": str(run.root)})
+    except (ValueError, TypeError, KeyError) as err:   # corrupt JSON, or a config of another version
+        raise InputError(f"--resume: {run.root} has an unreadable config.json ({err})") from err
+
+
+def steps_done(run: Run) -> int:
+    """How many steps the run's latest complete checkpoint holds (the step a resume starts at)."""
+    ckpt = run.latest_checkpoint()
+    try:
+        return json.loads((ckpt / "state.json").read_text())["step"] + 1 if ckpt else 0
+    except (ValueError, KeyError, TypeError) as err:
+        raise InputError(f"--resume: {ckpt} has an unreadable state.json ({err})") from err
+
+
+def check_new_out(out: str) -> None:
+    if out and Run(out).metrics.exists():
+        raise InputError(f"--out: {out} already holds a run; use --resume {out} or another --out")
+
+
 def open_run(cfg):
-    """Create a fresh run directory for the config dataclass `cfg`, or reopen one for --resume.
-    Returns (config, run, first step); a resume takes the saved config with the new --steps."""
+    """Create the run directory of the config dataclass `cfg` (checked, resolved), or reopen it for --resume:
+    the logs are rewound to its last checkpoint and config.json records the new --steps. -> (cfg, run, first
+    step)."""
     if cfg.resume:
-        run = existing_run(cfg.resume, "--resume")
-        ckpt = run.latest_checkpoint()
-        try:
-            saved = json.loads(run.config.read_text())
-            cfg = type(cfg)(**{**saved, "steps": cfg.steps, "resume": str(run.root), "out": str(run.root)})
-            start = json.loads((ckpt / "state.json").read_text())["step"] + 1 if ckpt else 0
-        except (ValueError, TypeError, KeyError) as err:   # corrupt JSON, or a config of another version
-            raise InputError(f"--resume: {run.root} has an unreadable config.json or checkpoint ({err})") from err
-        if ckpt is None:
+        run = Run(cfg.resume)
+        start = steps_done(run)
+        if start == 0:
             run.memory.unlink(missing_ok=True)  # the memory of a step that never reached a checkpoint
         run.rewind(start)
-        return cfg, run, start
-    run = Run(cfg.out or time.strftime("runs/%Y%m%d-%H%M%S"))
-    if run.metrics.exists():
-        raise InputError(f"--out: {run.root} already holds a run; use --resume {run.root} or another --out")
-    run.root.mkdir(parents=True, exist_ok=True)
-    cfg = dataclasses.replace(cfg, out=str(run.root))
+    else:
+        run = Run(cfg.out or time.strftime("runs/%Y%m%d-%H%M%S"))
+        check_new_out(str(run.root))
+        run.root.mkdir(parents=True, exist_ok=True)
+        cfg, start = dataclasses.replace(cfg, out=str(run.root)), 0
     write_atomic(run.config, json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-    return cfg, run, 0
+    return cfg, run, start
 
 
 def fault_point(name: str, step: int) -> None:
@@ -216,8 +236,10 @@ def _bundled_docs(min_words: int) -> list[str]:
 
 
 def _jsonl_docs(path: Path) -> list[str]:
+    if path.is_dir():
+        raise InputError(f"--corpus: {path} is a directory; give a .jsonl file (one JSON object per line)")
     if not path.is_file():
-        raise InputError(f"corpus file not found: {path}")
+        raise InputError(f"--corpus: {path}: file not found")
     docs, bad, lines = [], 0, path.read_bytes().splitlines()
     for line in lines:
         try:
@@ -228,6 +250,9 @@ def _jsonl_docs(path: Path) -> list[str]:
             docs.append(text)
         except (ValueError, AttributeError):   # bad JSON, bad UTF-8, not an object, no text
             bad += line.strip() != b""
+    if not docs:
+        raise InputError(f"--corpus: no usable documents in {path}: each line must be a JSON object with a 'text' "
+                         "or 'orig_doc' string")
     if bad:
         warn(f"skipped {bad} of {len(lines)} corpus lines in {path} (bad JSON or no 'text'/'orig_doc' field)")
     return docs

@@ -44,7 +44,7 @@ from sandbox import Limits
 @dataclass
 class Config:
     # run
-    preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: cli.PRESETS, overridden by the flags given
+    preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (cli.PRESETS); flags override
     model: str = "smollm2-135m"         # HF id, local dir, .gguf file, smollm2-135m (bundled), tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
     seed: int = 0                       # root of every derived seed
@@ -526,20 +526,23 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
 
 
 def start(cfg: Config) -> tuple[State, int]:
-    """Open (or reopen) the run directory, load the model, the corpus and the environment folders."""
-    cfg, run, first_step = runs.open_run(cfg)
-    model, tok, info = models.load_model(
-        cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-        quantize=cfg.quantize, gradient_checkpointing=cfg.gradient_checkpointing, cache_dir=cfg.cache_dir,
-        seed=cfg.seed)
-    if not any("config" in r for r in runs.read_jsonl(run.metrics)):   # the header: resolved config first
-        run.log_metrics({"config": dataclasses.asdict(cfg), "model": info, "sandbox": isolation_report()})
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    """Read every input and load the model, then open (or reopen) the run directory: a bad corpus or folder,
+    or a model that cannot load, leaves no run directory behind."""
+    cfg = runs.resumed_config(cfg) if cfg.resume else cfg
+    runs.check_new_out("" if cfg.resume else cfg.out)
     corpus = [] if (cfg.no_corpus or cfg.env_pool) else runs.load_corpus(cfg.corpus or None)
     limits = limits_of(cfg)
     pool = envs.load_folder(cfg.env_pool, "--env-pool", limits, cfg.max_turns)[0] if cfg.env_pool else []
     backfill = envs.load_folder(cfg.backfill, "--backfill", limits, cfg.max_turns)[0] \
         if cfg.backfill and not cfg.env_pool else []
+    model, tok, info = models.load_model(
+        cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        quantize=cfg.quantize, gradient_checkpointing=cfg.gradient_checkpointing, cache_dir=cfg.cache_dir,
+        seed=cfg.seed)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    cfg, run, first_step = runs.open_run(cfg)
+    if not any("config" in r for r in runs.read_jsonl(run.metrics)):   # the header: resolved config first
+        run.log_metrics({"config": dataclasses.asdict(cfg), "model": info, "sandbox": isolation_report()})
     st = State(cfg, run, model, tok, optimizer, envs.Memory(run.memory, cfg.memory_capacity), corpus, pool,
                backfill, {})
     if first_step > 0:
