@@ -1,6 +1,6 @@
 """The `spade-mini` command line: train, validate, play, score, eval, report.
 
-A support module (a first read of the method may skip it). `train`'s flags are generated from train.Config
+A support module (a first read of the method may skip it). `train`'s flags are generated from runs.Config
 (`--group-size` <-> `cfg.group_size`, the field's trailing comment is its help). Bad input of any kind ends in
 one line `spade-mini: error: ...` and exit code 2, never a traceback.
 
@@ -41,32 +41,6 @@ COMMANDS = {
 # -----------------------------------------------------------------------------------------------------------
 # spade-mini train: flags generated from Config, checked before anything is loaded
 
-PRESETS = {
-    # the CPU demo: SmolLM2-135M, a short document, few and short episodes. SmolLM2-135M almost never writes a
-    # valid program, so empty slots are backfilled from examples/ (the agent side of the loop still runs; the
-    # designer gets no sample for a backfilled slot)
-    "tiny": dict(model="smollm2-135m", backfill=str(Path(__file__).resolve().parent / "examples"), doc_words=300,
-                 envs_per_step=4, design_attempts=2, regen_interval=1, plays=4, hinted_plays=4, max_turns=3,
-                 designer_max_new_tokens=512, hint_max_new_tokens=64, agent_max_new_tokens=64,
-                 agent_max_episode_tokens=192, token_budget=2048),
-    # one 24 GB GPU: NF4 weights 2.5 GB; 32 episodes x 2048 tokens of bf16 KV cache ~9.6 GB; 4k-token micro-batches
-    "4b": dict(model="Qwen/Qwen3-4B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4, max_turns=6,
-               designer_max_new_tokens=4096, hint_max_new_tokens=160, agent_max_new_tokens=512,
-               agent_max_episode_tokens=2048, temperature=0.6, lr=1e-5, lora_r=32, lora_alpha=64,
-               token_budget=4096, checkpoint_every=10, steps=400),
-    # one 48 GB GPU: NF4 ~5 GB; 48 episodes x 3072 tokens of KV cache ~21.7 GB
-    "8b": dict(model="Qwen/Qwen3-8B", envs_per_step=6, plays=4, hinted_plays=4, max_turns=8,
-               designer_max_new_tokens=6144, hint_max_new_tokens=160, agent_max_new_tokens=768,
-               agent_max_episode_tokens=3072, temperature=0.6, lr=1e-5, lora_r=32, lora_alpha=64,
-               token_budget=4096, checkpoint_every=10, steps=400),
-    # one 80 GB GPU: bitsandbytes leaves the fused MoE experts in bf16 (~57 GB); 32 episodes x 3072 tokens ~9.6 GB
-    "30b-a3b": dict(model="Qwen/Qwen3-30B-A3B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4,
-                    max_turns=8, designer_max_new_tokens=6144, hint_max_new_tokens=160,
-                    agent_max_new_tokens=768, agent_max_episode_tokens=3072, temperature=0.6, lr=1e-5,
-                    lora_r=16, lora_alpha=32, token_budget=2048, checkpoint_every=10, steps=400),
-}
-
-
 def field_help(config_class) -> dict[str, str]:
     """The trailing comment of each Config field is its --help text (one source of truth)."""
     return dict(re.findall(r"^\s+(\w+): [^#\n]+#\s*(.+)$", inspect.getsource(config_class), flags=re.M))
@@ -75,7 +49,7 @@ def field_help(config_class) -> dict[str, str]:
 def preset_values(name: str, default) -> str:
     """The value of a Config field under each preset, grouped: "tiny: 300; 4b, 8b, 30b-a3b: 6000"."""
     groups: dict = {}
-    for preset, overrides in PRESETS.items():
+    for preset, overrides in runs.PRESETS.items():
         groups.setdefault(repr(overrides.get(name, default)), []).append(preset)
     if len(groups) == 1:
         return f"default: {next(iter(groups))}"
@@ -94,12 +68,12 @@ def add_config_flags(parser: argparse.ArgumentParser, config_class) -> None:
             parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=f.name.upper(), help=text)
 
 
-def config_from_args(train, explicit: dict):
+def config_from_args(explicit: dict):
     """Precedence: Config defaults < preset < flags given on the command line."""
-    preset = explicit.get("preset", train.Config.preset)
-    if preset not in PRESETS:
-        raise InputError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    return train.Config(**{**PRESETS[preset], **explicit, "preset": preset})
+    preset = explicit.get("preset", runs.Config.preset)
+    if preset not in runs.PRESETS:
+        raise InputError(f"unknown preset {preset!r}; choose one of {', '.join(runs.PRESETS)}")
+    return runs.Config(**{**runs.PRESETS[preset], **explicit, "preset": preset})
 
 
 def check_config(train, cfg) -> None:
@@ -130,19 +104,59 @@ def check_config(train, cfg) -> None:
     train.active_skills(cfg, 0)  # raises on unknown skill names
 
 
+def check_model(name: str) -> None:
+    """InputError, before anything is loaded, unless `name` is a bundled model, a .gguf file, a model directory
+    or a Hugging Face id already in the local cache: spade-mini never downloads (models.py loads offline)."""
+    if name in ("tiny-random", "smollm2-135m"):
+        return
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix != ".gguf":
+        raise InputError(f"--model: {name} is a file but not a .gguf; give a model directory, a .gguf file or "
+                              "a Hugging Face id")
+    if path.is_dir() and not (path / "config.json").exists():
+        raise InputError(f"--model: {name} is a directory without config.json (not a saved model)")
+    if name.endswith(".gguf") or name.startswith((".", "/", "~")) or path.exists():
+        if not path.exists():
+            raise InputError(f"--model: {name} does not exist")
+        return
+    from huggingface_hub import try_to_load_from_cache   # note: light, but only train needs it
+    if try_to_load_from_cache(name, "config.json") is None:
+        raise InputError(f"--model: {name} is not in the local Hugging Face cache and spade-mini never "
+                              f"downloads; fetch it first (`hf download {name}`) or pass a model directory")
+
+
+def precheck(explicit: dict) -> None:
+    """What a typo in a new run's flags breaks, checked before torch is even imported (seconds, not a model
+    load): the preset, --out, the corpus, the folders and the model."""
+    preset = explicit.get("preset", runs.Config.preset)
+    if preset not in runs.PRESETS:
+        raise InputError(f"unknown preset {preset!r}; choose one of {', '.join(runs.PRESETS)}")
+    values = {**runs.PRESETS[preset], **explicit}
+    runs.check_new_out(values.get("out", ""))
+    if values.get("corpus") and not values.get("env_pool"):
+        runs.load_corpus(values["corpus"])
+    for name in ("env_pool", "backfill", "eval_pool"):
+        if values.get(name) and not Path(values[name]).is_dir():
+            raise InputError(f"--{name.replace('_', '-')}: {values[name]} is not a directory")
+    check_model(values["model"])
+
+
 def cmd_train(explicit: dict) -> int:
-    import models
+    if explicit.get("resume"):   # a finished run: say so, before anything heavy is imported
+        run = runs.existing_run(explicit["resume"], "--resume")
+        steps = explicit.get("steps") or read_json(run.config, "--resume", ("steps",))["steps"]
+        if runs.steps_done(run) >= steps:
+            print(f"spade-mini: {run.root} already has {runs.steps_done(run)} steps (--steps {steps}): nothing to "
+                  f"do; continue it with --resume {run.root} --steps {runs.steps_done(run) + 1} or more")
+            return 0
+    else:
+        precheck(explicit)
     import train
-    cfg = config_from_args(train, explicit)
+    cfg = config_from_args(explicit)
     if cfg.resume:
         cfg = runs.resumed_config(cfg, keep_steps="steps" not in explicit)
-        done = runs.steps_done(runs.Run(cfg.resume))
-        if done >= cfg.steps:
-            print(f"spade-mini: {cfg.resume} already has {done} steps (--steps {cfg.steps}): nothing to do; "
-                  f"continue it with --resume {cfg.resume} --steps {done + 1} or more")
-            return 0
     check_config(train, cfg)
-    models.check_model(cfg.model)
+    check_model(cfg.model)
     train.train(cfg)
     return 0
 
@@ -359,13 +373,13 @@ def read_json(path: Path, what: str, keys: tuple = ()) -> dict:
     return data
 
 
-def eval_source(args: argparse.Namespace, train) -> tuple[str, Path | None, dict]:
+def eval_source(args: argparse.Namespace) -> tuple[str, Path | None, dict]:
     """(model name, adapter dir or None, models.load_model keyword arguments) from --preset/--model/--adapter/
     --run; also fills in the default --max-new-tokens from the preset."""
     import evaluate
-    if args.preset not in PRESETS:
-        raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
-    cfg = train.Config(**PRESETS[args.preset])
+    if args.preset not in runs.PRESETS:
+        raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join(runs.PRESETS)}")
+    cfg = runs.Config(**runs.PRESETS[args.preset])
     name, lora, adapter = args.model or cfg.model, {"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha}, None
     if args.run:
         run = runs.existing_run(args.run, "--run")
@@ -389,14 +403,14 @@ def eval_source(args: argparse.Namespace, train) -> tuple[str, Path | None, dict
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Prints one line per category, and with --json the result as the last stdout line."""
-    import evaluate
-    import models
-    import train
     if args.env_pool and not Path(args.env_pool).is_dir():
         raise InputError(f"--env-pool: {args.env_pool} is not a directory")
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1 (got {args.limit})")
-    name, adapter, kwargs = eval_source(args, train)
+    name, adapter, kwargs = eval_source(args)
+    check_model(name)
+    import evaluate
+    import models
     try:
         model, tok = models.load_for_eval(name, adapter, **kwargs)
     except (ValueError, FileNotFoundError) as err:
@@ -762,7 +776,7 @@ def positive(kind):
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:
-    """Every subcommand, with the arguments of `command` only (train's come from Config, which needs torch)."""
+    """Every subcommand, with the arguments of `command` only (train's are generated from runs.Config)."""
     parser = argparse.ArgumentParser(prog="spade-mini", description=__doc__.split("\n")[0])
     try:
         parser.add_argument("--version", action="version", version=f"spade-mini {version('spade-mini')}")
@@ -771,8 +785,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = {name: sub.add_parser(name, help=text, description=text) for name, text in COMMANDS.items()}
     if command == "train":
-        import train
-        add_config_flags(p["train"], train.Config)
+        add_config_flags(p["train"], runs.Config)
     for name in ("validate", "play"):
         p[name].add_argument("file", help="a Python file defining a *Env class")
         p[name].add_argument("--timeout", type=positive(float), default=5.0, help="seconds per environment call")

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from huggingface_hub import try_to_load_from_cache
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GenerationConfig, GgufConfig,
@@ -126,26 +125,6 @@ def _from_pretrained(path: str, device: str, dtype: torch.dtype, quantized: bool
         kwargs["device_map"] = {"": device}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     return model if quantized else model.to(device)
-
-
-def check_model(name: str) -> None:
-    """InputError, before anything is loaded, unless `name` is a bundled model, a .gguf file, a model directory
-    or a Hugging Face id already in the local cache: spade-mini never downloads (from_pretrained is offline)."""
-    if name in ("tiny-random", "smollm2-135m"):
-        return
-    path = Path(name).expanduser()
-    if path.is_file() and path.suffix != ".gguf":
-        raise runs.InputError(f"--model: {name} is a file but not a .gguf; give a model directory, a .gguf file or "
-                              "a Hugging Face id")
-    if path.is_dir() and not (path / "config.json").exists():
-        raise runs.InputError(f"--model: {name} is a directory without config.json (not a saved model)")
-    if name.endswith(".gguf") or name.startswith((".", "/", "~")) or path.exists():
-        if not path.exists():
-            raise runs.InputError(f"--model: {name} does not exist")
-        return
-    if try_to_load_from_cache(name, "config.json") is None:
-        raise runs.InputError(f"--model: {name} is not in the local Hugging Face cache and spade-mini never "
-                              f"downloads; fetch it first (`hf download {name}`) or pass a model directory")
 
 
 def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, quantize: str,

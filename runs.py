@@ -1,11 +1,12 @@
-"""The run directory: every file a run writes, written so that a crash loses nothing that was committed.
+"""A run: its configuration (every knob, in `Config`) and its directory, written so that a crash loses nothing.
 
-A support module (a first read of the method may skip it). A run directory holds config.json, metrics.jsonl
-(the resolved config first, then one record per step), samples.jsonl (designer attempts with verdicts, window
-scores, environments, a few episodes), memory.json, envs/step_NNNNN/ (each program and, at its window's end,
-its scores) and checkpoints/. Files are replaced atomically or appended line by line; readers tolerate a torn
-last line. Also here: the grounding corpus (files a run reads), the step's metrics record and printed line,
-and the one error class for bad user input.
+`Config` is worth reading first: one line per knob with its meaning and unit; the presets are small dicts of
+overrides. The rest is a support module (a first read of the method may skip it). A run directory holds
+config.json, metrics.jsonl (the resolved config first, then one record per step), samples.jsonl (designer
+attempts with verdicts, window scores, environments, a few episodes), memory.json, envs/step_NNNNN/ (each
+program and, at its window's end, its scores) and checkpoints/. Files are replaced atomically or appended line
+by line; readers tolerate a torn last line. Also here: the grounding corpus (files a run reads), the step's
+metrics record and printed line, and the one error class for bad user input.
 
 Standard library only, so `validate`, `play` and `report` never wait for torch or numpy.
 """
@@ -21,7 +22,110 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+
+import regret
+
+
+# -----------------------------------------------------------------------------------------------------------
+# the configuration: every knob in one place; the command line (cli.py) is generated from this class
+
+@dataclass
+class Config:
+    # run
+    preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (PRESETS); flags override
+    model: str = "smollm2-135m"         # HF id, local dir, .gguf file, smollm2-135m (bundled), tiny-random (tests)
+    steps: int = 2                      # total self-play steps of the run (resume continues up to this)
+    seed: int = 0                       # root of every derived seed
+    out: str = ""                       # run directory ('' -> runs/<date>-<time>)
+    resume: str = ""                    # run directory to continue from its last checkpoint
+    cache_dir: str = "~/.cache/spade-mini"  # converted model weights (GGUF -> safetensors)
+    # environments: where they come from
+    corpus: str = ""                    # SPICE-style jsonl ('text' or 'orig_doc'); '' -> bundled Python/sympy docs
+    doc_words: int = 6000               # a grounding document is truncated to this many words
+    skills: str = ""                    # comma-separated skill names or indices 0-5 ('' -> all six)
+    skills_per_step: int = 1            # k skills active per step, round-robin
+    envs_per_step: int = 4              # G environment slots per step
+    design_attempts: int = 5            # attempts per slot, a fresh document each attempt
+    regen_interval: int = 4             # R: new environments every R steps, each played for the whole window
+    env_pool: str = ""                  # folder of *.py environments: agent-only training on a fixed pool
+    backfill: str = ""                  # folder of *.py environments that fill slots the designer left empty
+    # play
+    plays: int = 4                      # P unhinted plays per environment (trained)
+    hinted_plays: int = 4               # H hinted plays per environment (never trained)
+    max_turns: int = 4                  # turns per episode (environments default to 12; the runner caps)
+    # generation
+    designer_max_new_tokens: int = 512  # tokens for one environment program
+    hint_max_new_tokens: int = 96       # tokens for one hint (then cut to 100 words)
+    agent_max_new_tokens: int = 128     # tokens per agent turn
+    agent_max_episode_tokens: int = 1024  # generated tokens per episode, all turns together
+    temperature: float = 0.7            # sampling temperature (log-probs are taken at the same temperature)
+    top_p: float = 0.95                 # nucleus sampling
+    top_k: int = 20                     # top-k sampling
+    hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
+    thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
+    static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
+    # rewards
+    designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential
+    timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
+    invalid_penalty: float = 0.0        # opt-in designer reward for invalid programs (0 = no sample, the paper)
+    # ablations
+    no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)
+    no_memory: bool = False             # designer prompts get no memory examples
+    no_corpus: bool = False             # cold-start designer prompt with skill concept ideas, no document
+    memory_capacity: int = 200          # FIFO size of memory.json
+    # optimisation
+    lr: float = 5e-5                    # AdamW learning rate of the LoRA weights
+    lora_r: int = 16                    # LoRA rank
+    lora_alpha: int = 32                # LoRA scale numerator
+    lora_dropout: float = 0.0           # LoRA dropout
+    quantize: str = "auto"              # auto (NF4 on CUDA, none on CPU) | none | nf4
+    gradient_checkpointing: bool = True  # recompute activations in the backward pass
+    updates_per_step: int = 1           # K optimizer steps per self-play step, on shuffled 1/K mini-batches
+    clip_low: float = 0.2               # PPO ratio clip below 1 (epsilon_low); binds only when K > 1
+    clip_high: float = 0.28             # PPO ratio clip above 1 (epsilon_high); binds only when K > 1
+    kl_beta: float = 0.0                # KL weight against the adapter-off reference
+    token_budget: int = 4096            # tokens per micro-batch (gradient accumulation between them)
+    max_grad_norm: float = 1.0          # gradient clipping
+    # sandbox
+    call_timeout: float = 5.0           # seconds per environment call (init, reset, step)
+    env_memory_mb: int = 1024           # address-space limit of one environment process
+    # logging
+    episodes_logged: int = 4            # full episodes per step written to samples.jsonl
+    checkpoint_every: int = 1           # steps between checkpoints (the last step always checkpoints)
+    keep_checkpoints: int = 2           # older checkpoints are deleted
+    tensorboard: bool = False           # also write TensorBoard scalars (imported lazily)
+    # held-out evaluation (evaluate.py)
+    eval_every: int = 0                 # steps between held-out evaluations (0 = off; the base model is step -1)
+    eval_limit: int = 5                 # reasoning-gym items per category of one in-loop evaluation
+    eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
+
+
+PRESETS = {
+    # the CPU demo: SmolLM2-135M, a short document, few and short episodes. SmolLM2-135M almost never writes a
+    # valid program, so empty slots are backfilled from examples/ (the agent side of the loop still runs; the
+    # designer gets no sample for a backfilled slot)
+    "tiny": dict(model="smollm2-135m", backfill=str(Path(__file__).resolve().parent / "examples"), doc_words=300,
+                 envs_per_step=4, design_attempts=2, regen_interval=1, plays=4, hinted_plays=4, max_turns=3,
+                 designer_max_new_tokens=512, hint_max_new_tokens=64, agent_max_new_tokens=64,
+                 agent_max_episode_tokens=192, token_budget=2048),
+    # one 24 GB GPU: NF4 weights 2.5 GB; 32 episodes x 2048 tokens of bf16 KV cache ~9.6 GB; 4k-token micro-batches
+    "4b": dict(model="Qwen/Qwen3-4B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4, max_turns=6,
+               designer_max_new_tokens=4096, hint_max_new_tokens=160, agent_max_new_tokens=512,
+               agent_max_episode_tokens=2048, temperature=0.6, lr=1e-5, lora_r=32, lora_alpha=64,
+               token_budget=4096, checkpoint_every=10, steps=400),
+    # one 48 GB GPU: NF4 ~5 GB; 48 episodes x 3072 tokens of KV cache ~21.7 GB
+    "8b": dict(model="Qwen/Qwen3-8B", envs_per_step=6, plays=4, hinted_plays=4, max_turns=8,
+               designer_max_new_tokens=6144, hint_max_new_tokens=160, agent_max_new_tokens=768,
+               agent_max_episode_tokens=3072, temperature=0.6, lr=1e-5, lora_r=32, lora_alpha=64,
+               token_budget=4096, checkpoint_every=10, steps=400),
+    # one 80 GB GPU: bitsandbytes leaves the fused MoE experts in bf16 (~57 GB); 32 episodes x 3072 tokens ~9.6 GB
+    "30b-a3b": dict(model="Qwen/Qwen3-30B-A3B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4,
+                    max_turns=8, designer_max_new_tokens=6144, hint_max_new_tokens=160,
+                    agent_max_new_tokens=768, agent_max_episode_tokens=3072, temperature=0.6, lr=1e-5,
+                    lora_r=16, lora_alpha=32, token_budget=2048, checkpoint_every=10, steps=400),
+}
 
 
 class InputError(ValueError):

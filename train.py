@@ -35,81 +35,8 @@ import regret
 import runs
 import spade_mini
 from isolation import isolation_report
+from runs import Config
 from sandbox import Limits
-
-
-# -----------------------------------------------------------------------------------------------------------
-# configuration: every knob in one place; the command line (cli.py) is generated from this class
-
-@dataclass
-class Config:
-    # run
-    preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (cli.PRESETS); flags override
-    model: str = "smollm2-135m"         # HF id, local dir, .gguf file, smollm2-135m (bundled), tiny-random (tests)
-    steps: int = 2                      # total self-play steps of the run (resume continues up to this)
-    seed: int = 0                       # root of every derived seed
-    out: str = ""                       # run directory ('' -> runs/<date>-<time>)
-    resume: str = ""                    # run directory to continue from its last checkpoint
-    cache_dir: str = "~/.cache/spade-mini"  # converted model weights (GGUF -> safetensors)
-    # environments: where they come from
-    corpus: str = ""                    # SPICE-style jsonl ('text' or 'orig_doc'); '' -> bundled Python/sympy docs
-    doc_words: int = 6000               # a grounding document is truncated to this many words
-    skills: str = ""                    # comma-separated skill names or indices 0-5 ('' -> all six)
-    skills_per_step: int = 1            # k skills active per step, round-robin
-    envs_per_step: int = 4              # G environment slots per step
-    design_attempts: int = 5            # attempts per slot, a fresh document each attempt
-    regen_interval: int = 4             # R: new environments every R steps, each played for the whole window
-    env_pool: str = ""                  # folder of *.py environments: agent-only training on a fixed pool
-    backfill: str = ""                  # folder of *.py environments that fill slots the designer left empty
-    # play
-    plays: int = 4                      # P unhinted plays per environment (trained)
-    hinted_plays: int = 4               # H hinted plays per environment (never trained)
-    max_turns: int = 4                  # turns per episode (environments default to 12; the runner caps)
-    # generation
-    designer_max_new_tokens: int = 512  # tokens for one environment program
-    hint_max_new_tokens: int = 96       # tokens for one hint (then cut to 100 words)
-    agent_max_new_tokens: int = 128     # tokens per agent turn
-    agent_max_episode_tokens: int = 1024  # generated tokens per episode, all turns together
-    temperature: float = 0.7            # sampling temperature (log-probs are taken at the same temperature)
-    top_p: float = 0.95                 # nucleus sampling
-    top_k: int = 20                     # top-k sampling
-    hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
-    thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
-    static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
-    # rewards
-    designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential
-    timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
-    invalid_penalty: float = 0.0        # opt-in designer reward for invalid programs (0 = no sample, the paper)
-    # ablations
-    no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)
-    no_memory: bool = False             # designer prompts get no memory examples
-    no_corpus: bool = False             # cold-start designer prompt with skill concept ideas, no document
-    memory_capacity: int = 200          # FIFO size of memory.json
-    # optimisation
-    lr: float = 5e-5                    # AdamW learning rate of the LoRA weights
-    lora_r: int = 16                    # LoRA rank
-    lora_alpha: int = 32                # LoRA scale numerator
-    lora_dropout: float = 0.0           # LoRA dropout
-    quantize: str = "auto"              # auto (NF4 on CUDA, none on CPU) | none | nf4
-    gradient_checkpointing: bool = True  # recompute activations in the backward pass
-    updates_per_step: int = 1           # K optimizer steps per self-play step, on shuffled 1/K mini-batches
-    clip_low: float = 0.2               # PPO ratio clip below 1 (epsilon_low); binds only when K > 1
-    clip_high: float = 0.28             # PPO ratio clip above 1 (epsilon_high); binds only when K > 1
-    kl_beta: float = 0.0                # KL weight against the adapter-off reference
-    token_budget: int = 4096            # tokens per micro-batch (gradient accumulation between them)
-    max_grad_norm: float = 1.0          # gradient clipping
-    # sandbox
-    call_timeout: float = 5.0           # seconds per environment call (init, reset, step)
-    env_memory_mb: int = 1024           # address-space limit of one environment process
-    # logging
-    episodes_logged: int = 4            # full episodes per step written to samples.jsonl
-    checkpoint_every: int = 1           # steps between checkpoints (the last step always checkpoints)
-    keep_checkpoints: int = 2           # older checkpoints are deleted
-    tensorboard: bool = False           # also write TensorBoard scalars (imported lazily)
-    # held-out evaluation (evaluate.py)
-    eval_every: int = 0                 # steps between held-out evaluations (0 = off; the base model is step -1)
-    eval_limit: int = 5                 # reasoning-gym items per category of one in-loop evaluation
-    eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
 
 
 def active_skills(cfg: Config, step: int) -> list[str]:

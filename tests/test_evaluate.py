@@ -135,7 +135,7 @@ def test_adapter_of_a_run_is_loaded_not_ignored(tiny, tmp_path):
     (tmp_path / "run" / "config.json").write_text(json.dumps({"model": "tiny-random"}))
     import train
     args = cli.build_parser("eval").parse_args(["eval", "--run", str(tmp_path / "run")])
-    name, adapter, kwargs = cli.eval_source(args, train)
+    name, adapter, kwargs = cli.eval_source(args)
     assert (name, adapter, kwargs["lora_r"]) == ("tiny-random", ckpt, 4)
     loaded, _ = models.load_for_eval(name, adapter, merge=False, **kwargs)
     lora_b = [p for n, p in loaded.named_parameters() if "lora_B" in n]

@@ -167,7 +167,7 @@ def test_the_document_is_cut_once_to_doc_words_keeping_line_breaks(monkeypatch):
     monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: seen.append(text) or [1])
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [models.Completion(p, [2], "no code", True)
                                                                         for p in prompts])
-    cfg = train.Config(doc_words=6500, envs_per_step=1, design_attempts=1)
+    cfg = runs.Config(doc_words=6500, envs_per_step=1, design_attempts=1)
     st = SimpleNamespace(cfg=cfg, corpus=["\n".join(lines)], memory=envs.Memory("/nonexistent/m.json"), tok=None,
                          model=None)
     train.design(st, 0, ["Optimization"])
@@ -179,19 +179,19 @@ def test_hints_are_sampled_at_the_hint_temperature(monkeypatch):
     monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1])
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: temps.append(kw["temperature"]) or
                         [models.Completion(p, [2], "Halve the range.", True) for p in prompts])
-    st = SimpleNamespace(cfg=train.Config(temperature=0.9), tok=None, model=None)
+    st = SimpleNamespace(cfg=runs.Config(temperature=0.9), tok=None, model=None)
     played = [train.PlayedEnv("e", "A", NO_KEYWORD_ENV, None)]
     train.write_hints(st, 0, played)
     assert temps == [0.3] and played[0].hint == "Halve the range."
 
 
 def test_designer_attempts_default_to_the_methods_five():
-    assert train.Config().design_attempts == 5
+    assert runs.Config().design_attempts == 5
 
 
 def test_hung_environments_get_a_marked_memory_record_and_ids_are_unique_across_steps(tmp_path):
     run = runs.Run(tmp_path)
-    st = SimpleNamespace(cfg=train.Config(), run=run, memory=envs.Memory(tmp_path / "memory.json"), mu_slow={})
+    st = SimpleNamespace(cfg=runs.Config(), run=run, memory=envs.Memory(tmp_path / "memory.json"), mu_slow={})
     verdict = envs.Verdict(True, "ok", "PlainEnv")
     for start in (0, 1):
         design = train.Design(0, 0, "Optimization", "", [1], [2], "", NO_KEYWORD_ENV, verdict)
@@ -288,7 +288,7 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
     monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1 if "Designer" in text else 2])
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
         models.Completion(p, [3], answers["designer" if p == [1] else "hint"], True) for p in prompts])
-    st = SimpleNamespace(cfg=train.Config(envs_per_step=1, design_attempts=1, thinking=True), corpus=["a doc"],
+    st = SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, thinking=True), corpus=["a doc"],
                          memory=envs.Memory("/nonexistent/m.json"), tok=None, model=None)
     (attempt,) = train.design(st, 0, ["Optimization"])
     assert attempt.verdict.valid and attempt.verdict.class_name == "PlainEnv"
@@ -300,7 +300,7 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
 def test_skills_rotate_per_window_so_every_skill_is_designed():
     """R = 4, one skill per window: windows at steps 0, 4, 8, ... design skills 0, 1, 2, ... (rotating by step
     gave skills 0, 4, 2, 0, ... and never designed three of the six)."""
-    cfg = train.Config(regen_interval=4, steps=24)
+    cfg = runs.Config(regen_interval=4, steps=24)
     seen = [train.active_skills(cfg, start // cfg.regen_interval)[0] for start in range(0, 24, 4)]
     assert sorted(seen) == sorted(envs.SKILLS)
 

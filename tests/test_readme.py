@@ -24,9 +24,11 @@ def test_the_first_two_commands_are_the_demo_and_the_tests_that_ci_runs():
 
 
 def test_every_train_flag_named_in_the_readme_exists():
-    import train
-    flags = {"--" + f.name.replace("_", "-") for f in train.dataclasses.fields(train.Config)}
-    flags |= {"--no-" + f.name.replace("_", "-") for f in train.dataclasses.fields(train.Config) if f.type == "bool"}
+    import dataclasses
+
+    import runs
+    flags = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(runs.Config)}
+    flags |= {"--no-" + f.name.replace("_", "-") for f in dataclasses.fields(runs.Config) if f.type == "bool"}
     used = set(re.findall(r"spade-mini train[^\n`]*?(--[a-z-]+)", README)) | set(
         re.findall(r"`(--(?:no-)?(?:designer|memory|corpus|env-pool|skills|backfill|eval-every|resume)[a-z-]*)", README))
     assert used and used - {"--help"} <= flags, used - flags - {"--help"}
