@@ -94,7 +94,7 @@ def test_torn_last_line_and_none_metrics_are_tolerated(run_dir):
     assert "<td>1</td>" in page                        # the step with None scores has a table row
 
 
-def test_per_category_eval_keys_are_plotted(run_dir):
+def test_eval_wildcard_expands_to_every_logged_category_key(run_dir):
     records = cli.load_run(run_dir)[1]
     assert cli.expand(["eval/score", "eval/*"], records) == ["eval/score", "eval/arithmetic"]
 
