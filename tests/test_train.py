@@ -9,6 +9,7 @@ import pytest
 
 import train
 import cli
+import models
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +47,54 @@ def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def samples(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+
+
+def mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs)
+
+
+def recomputed(run: Path, step: int) -> dict:
+    """A step's metrics from what samples.jsonl logged for it (windows of one step, as in the tiny preset):
+    designer counts from its design attempts, returns and regret from the window's score input, the agent's
+    sample count from the window's score output (trained plays of the environments whose advantages are not
+    all zero)."""
+    logged = [s for s in samples(run) if s["step"] == step]
+    designs = [s["verdict"] for s in logged if s["kind"] == "design"]
+    windows = [s for s in logged if s["kind"] == "window"]
+    assert windows and all(w["input"]["window"] == 1 for w in windows)
+    given = [e for w in windows for e in w["input"]["envs"]]
+    scored = [e for e in given if not e["hung"]]
+    r_hint = [mean(e["hinted"]) if e["hinted"] else mean(e["unhinted"][0]) for e in scored]
+    trained = sum(sum(e["trained"][-1]) for w in windows for e, out in zip(w["input"]["envs"], w["output"]["envs"])
+                  if not e["hung"] and any(out["agent_advantages"][-1]))
+    rejections: dict[str, int] = {}
+    for v in designs:
+        if not v["valid"]:
+            rejections[v["reason"]] = rejections.get(v["reason"], 0) + 1
+    return {"designer/attempts": len(designs),
+            "designer/valid_rate": mean(v["valid"] for v in designs) if designs else None,
+            "designer/rejections": rejections,
+            "env/count": len(given), "env/hung": sum(e["hung"] for e in given),
+            "agent/return_nohint": mean(mean(e["unhinted"][-1]) for e in scored),
+            "agent/return_hint": mean(r_hint),
+            "env/regret": mean(h - mean(e["unhinted"][0]) for h, e in zip(r_hint, scored)),
+            "agent/win_rate": mean(mean(r > 0 for r in e["unhinted"][-1]) for e in scored),
+            "loss/samples_agent": trained}
+
+
+def assert_metrics_match_samples(run: Path) -> None:
+    """Every step's logged numbers equal those recomputed from its samples, and a step that trained on no
+    sample has no loss."""
+    for r in (r for r in records(run) if r.get("step", -1) >= 0):
+        expected = recomputed(run, r["step"])
+        assert r["designer/rejections"] == expected.pop("designer/rejections"), r["step"]
+        assert {k: r[k] for k in expected} == pytest.approx(expected), r["step"]
+        assert (r["loss/policy"] is None) == (r["loss/samples_agent"] + r["loss/samples_designer"] == 0)
+
+
 def test_train_two_steps_writes_the_run_directory(tmp_path):
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "2", "--out", str(out), "--invalid-penalty", "-0.5"]) == 0
@@ -58,12 +107,19 @@ def test_train_two_steps_writes_the_run_directory(tmp_path):
     for r in steps:
         for key in ("designer/valid_rate", "env/regret", "agent/return_nohint", "agent/return_hint", "loss/policy"):
             assert key in r
+    assert_metrics_match_samples(out)
+    assert all(r["designer/attempts"] == 2 for r in steps)     # --envs-per-step 2, --design-attempts 1
     kinds = {json.loads(line)["kind"] for line in (out / "samples.jsonl").read_text().splitlines()}
     assert "design" in kinds
     memory = json.loads((out / "memory.json").read_text())
     designed = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    designed = {r["env_id"] for r in designed if r["kind"] == "env" and r["origin"] == "designer"}
+    played = [r for r in designed if r["kind"] == "env"]
+    designed = {r["env_id"] for r in played if r["origin"] == "designer"}
     assert sorted(r["env_id"] for r in memory["records"]) == sorted(designed)
+    # subtle: the tiny random designer writes no valid program, so the slots are backfilled from examples/;
+    # the played environments are there, and none of them (nor any invalid program) enters the memory
+    assert len(played) == 4 and all(r["origin"] in ("designer", "backfill") for r in played)
+    assert not {r["env_id"] for r in played if r["origin"] == "backfill"} & {r["env_id"] for r in memory["records"]}
     ckpt = out / "checkpoints" / "step_00001"
     assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
 
@@ -75,6 +131,7 @@ def test_env_pool_run_trains_the_agent_and_saves_envs(tmp_path, pool):
     assert step["env/count"] == 2
     assert step["agent/return_nohint"] is not None
     assert step["loss/samples_agent"] > 0 and step["loss/policy"] is not None
+    assert_metrics_match_samples(out)
     assert sorted(p.suffix for p in (out / "envs" / "step_00000").iterdir()) == [".json", ".json", ".py", ".py"]
     episodes = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "episode" and e["transcript"] for e in episodes)
@@ -171,6 +228,8 @@ def test_one_step_with_the_real_smollm2_model(tmp_path):
     assert cli.main(["train", *small, "--out", str(tmp_path / "play"), "--env-pool", str(pool)]) == 0
     (step,) = [r for r in records(tmp_path / "play") if "step" in r]
     assert step["env/count"] == 2 and step["agent/return_nohint"] is not None
+    assert_metrics_match_samples(tmp_path / "design")
+    assert_metrics_match_samples(tmp_path / "play")
     episodes = [json.loads(line) for line in (tmp_path / "play" / "samples.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "episode" and len(e["transcript"]) > 1 for e in episodes)
 
@@ -184,3 +243,10 @@ def test_eval_every_logs_held_out_scores_for_the_base_and_each_step(tmp_path, po
     assert sorted(scored) == [-1, 0]                 # the untrained base, then after step 0
     for r in scored.values():
         assert 0.0 <= r["eval/score"] <= 1.0 and "eval/pool_win_rate" in r
+        categories = [v for k, v in r.items() if k.startswith("eval/") and k not in (
+            "eval/score", "eval/answered", "eval/pool_win_rate")]
+        assert len(categories) == len(models.CATEGORIES)
+        assert r["eval/score"] == pytest.approx(sum(categories) / len(categories))   # the mean of category means
+        # the pool's one environment, played --plays 3 times: a win rate of k / 3
+        assert r["eval/pool_win_rate"] * 3 == pytest.approx(round(r["eval/pool_win_rate"] * 3))
+        assert 0.0 <= r["eval/pool_win_rate"] <= 1.0
