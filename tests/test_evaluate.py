@@ -89,11 +89,24 @@ def test_overall_score_is_the_mean_of_category_means():
     assert evaluate.summarize(items, [1.0, 0.0, 1.0]) == {"score": 0.75, "categories": {"a": 0.5, "b": 1.0}}
 
 
-def test_tiny_random_evaluation_runs_end_to_end(tiny):
+def test_evaluation_scores_each_item_and_averages_them_per_category(tiny):
+    """Every number of the result is recomputed from its logged items: each item's answer and score from its
+    completion, each category's score as the mean of its items, the overall score as the mean of categories,
+    `answered` as the share of items with a boxed answer."""
     result = evaluate.evaluate(*tiny, limit=2, seed=0, max_new_tokens=8)
     assert set(result["categories"]) == set(evaluate.CATEGORIES)
     assert result["n"] == 2 * len(evaluate.CATEGORIES) and len(result["items"]) == result["n"]
     assert 0.0 <= result["score"] <= 1.0 and 0.0 <= result["answered"] <= 1.0
+    items = evaluate.eval_items(2, seed=0)
+    assert [(d["category"], d["index"]) for d in result["items"]] == [(i.category, i.index) for i in items]
+    for item, d in zip(items, result["items"]):
+        assert d["expected"] == item.entry["answer"]
+        assert d["answer"] == evaluate.extract_answer(d["completion"])
+        assert d["score"] == evaluate.score_item(item, d["completion"])
+    per = {c: [d["score"] for d in result["items"] if d["category"] == c] for c in evaluate.CATEGORIES}
+    assert result["categories"] == pytest.approx({c: sum(s) / len(s) for c, s in per.items()})
+    assert result["score"] == pytest.approx(sum(result["categories"].values()) / len(evaluate.CATEGORIES))
+    assert result["answered"] == sum(d["answer"] is not None for d in result["items"]) / result["n"]
 
 
 def test_evaluation_is_deterministic(tiny):
@@ -117,6 +130,7 @@ def test_eval_main_json_is_the_last_stdout_line(capsys):
     assert cli.main(["eval", "--model", "tiny-random", "--limit", "1", "--max-new-tokens", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert isinstance(result["score"], float) and set(result["categories"]) == set(evaluate.CATEGORIES)
+    assert result["score"] == pytest.approx(sum(result["categories"].values()) / len(evaluate.CATEGORIES))
     assert "items" not in result
 
 
@@ -155,3 +169,5 @@ def test_eval_metrics_are_flat_namespaced_keys_for_metrics_jsonl(tiny, tmp_path)
     expected = {"eval/score", "eval/answered", "eval/pool_win_rate", "perf/eval_s", "perf/eval_pool_s"}
     assert set(out) == expected | {f"eval/{c}" for c in evaluate.CATEGORIES}
     assert out["eval/pool_win_rate"] == 1.0
+    categories = [out[f"eval/{c}"] for c in evaluate.CATEGORIES]
+    assert out["eval/score"] == pytest.approx(sum(categories) / len(categories))
