@@ -83,6 +83,8 @@ def test_envs_page_lists_environment_with_scores_and_its_episode(run_dir):
     page = (run_dir / "report" / "envs.html").read_text()
     assert "env_00" in page and "Optimization" in page
     assert "r_hint" in page and "0.5" in page
+    for key, value in (("r_nohint", "0.25"), ("r_hint", "0.5"), ("regret", "0.25")):   # env_00.json's scores
+        assert f"<tr><td>{key}</td><td>{value}</td></tr>" in page, key
     assert "seed 7" in page and "solved" in page
 
 
