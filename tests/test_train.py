@@ -10,7 +10,7 @@ import pytest
 
 import train
 import cli
-import models
+import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -249,7 +249,7 @@ def test_eval_every_logs_held_out_scores_for_the_base_and_each_step(tmp_path, po
         assert 0.0 <= r["eval/score"] <= 1.0 and "eval/pool_win_rate" in r
         categories = [v for k, v in r.items() if k.startswith("eval/") and k not in (
             "eval/score", "eval/answered", "eval/pool_win_rate")]
-        assert len(categories) == len(models.CATEGORIES)
+        assert len(categories) == len(evaluate.CATEGORIES)
         assert r["eval/score"] == pytest.approx(sum(categories) / len(categories))   # the mean of category means
         # the pool's one environment, played --plays 3 times: a win rate of k / 3
         assert r["eval/pool_win_rate"] * 3 == pytest.approx(round(r["eval/pool_win_rate"] * 3))
