@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import envs
-import train
 import cli
 import runs
 from test_train import ECHO_ENV, TINY

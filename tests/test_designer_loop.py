@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import spade_mini as sm
-import train
 import cli
 import runs
 import models
@@ -133,9 +132,29 @@ def test_valid_programs_are_designed_at_each_window_start(designed_run):
     assert [r["designer/attempts"] for r in metrics] == [3, 0, 3, 0]   # 2 slots, the invalid one retried
     assert metrics[0]["designer/valid_rate"] == pytest.approx(2 / 3)
     assert metrics[0]["designer/rejections"] == {"syntax": 1}
+
+
+def test_returns_match_the_window_records_and_r_hint_is_logged_at_window_starts(designed_run):
+    """The window record (samples.jsonl, at the window's last step) holds every play of the window: step k of
+    a window logs R_nohint = mean over environments of mean(unhinted[k]); its first step also logs R_hint (mean
+    of the hinted plays) and regret R_hint - mean(unhinted[0])."""
+    run, _ = designed_run
+    metrics = steps(run)
     # hinted plays happen at a window's first step only
     assert [r["agent/return_hint"] is not None for r in metrics] == [True, False, True, False]
     assert [r["agent/return_nohint"] is not None for r in metrics] == [True] * 4
+    windows = [r for r in lines(run / "samples.jsonl") if r["kind"] == "window"]
+    assert [w["start"] for w in windows] == [0, 2]
+    mean = lambda xs: sum(xs) / len(xs)
+    for w in windows:
+        given = [e for e in w["input"]["envs"] if not e["hung"]]
+        assert len(given) == 2
+        for k in range(2):
+            r = metrics[w["start"] + k]
+            assert r["agent/return_nohint"] == pytest.approx(mean([mean(e["unhinted"][k]) for e in given]))
+        first = metrics[w["start"]]
+        assert first["agent/return_hint"] == pytest.approx(mean([mean(e["hinted"]) for e in given]))
+        assert first["env/regret"] == pytest.approx(mean([mean(e["hinted"]) - mean(e["unhinted"][0]) for e in given]))
 
 
 def test_memory_holds_one_record_per_designed_environment_with_every_field(designed_run):

@@ -152,7 +152,7 @@ def test_extract_code_survives_invalid_utf8_and_megabytes():
     (r"\boxed{7}", "7"), (r"a \boxed{\frac{1}{2}} b \boxed{3}", r"\frac{1}{2}"), (r"\boxed{}", ""),
     (r"\boxed{open", None), ("nothing", None),
 ])
-def test_first_boxed(text, inner):
+def test_first_boxed_is_the_balanced_content_of_the_first_box_or_none(text, inner):
     assert envs.first_boxed(text) == inner
 
 
@@ -165,7 +165,7 @@ def test_to_action_boxes_the_first_answer_or_passes_raw_text():
     (1.0, True, False, 1.0), (0.5, True, False, 0.5), (0.9, False, False, 0.0), (None, False, False, 0.0),
     (0.7, True, True, -1.0), (5.0, True, False, 1.0), (-3.0, True, False, -1.0), (float("inf"), True, False, -1.0),
 ])
-def test_episode_return(last, terminated, crashed, expected):
+def test_episode_return_is_the_clipped_last_reward_0_if_truncated_minus_1_on_crash(last, terminated, crashed, expected):
     """Last reward if terminated, else 0 (truncation gets nothing); crash -> -1; clipped to [-1, 1]."""
     assert envs.episode_return(last, terminated, crashed) == expected
 

@@ -1,4 +1,4 @@
-"""models.py's held-out evaluation: the item set, answer extraction and scoring by hand, then end to end with a tiny random model."""
+"""evaluate.py's held-out evaluation: the item set, answer extraction and scoring by hand, then end to end with a tiny random model."""
 import json
 import os
 
@@ -28,7 +28,6 @@ TINY_LOAD = dict(lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none", grad
 
 @pytest.fixture(scope="module")
 def tiny():
-    import spade_mini
     model, tok, _ = models.load_model("tiny-random", **TINY_LOAD)
     return model, tok
 
@@ -89,11 +88,24 @@ def test_overall_score_is_the_mean_of_category_means():
     assert evaluate.summarize(items, [1.0, 0.0, 1.0]) == {"score": 0.75, "categories": {"a": 0.5, "b": 1.0}}
 
 
-def test_tiny_random_evaluation_runs_end_to_end(tiny):
+def test_evaluation_scores_each_item_and_averages_them_per_category(tiny):
+    """Every number of the result is recomputed from its logged items: each item's answer and score from its
+    completion, each category's score as the mean of its items, the overall score as the mean of categories,
+    `answered` as the share of items with a boxed answer."""
     result = evaluate.evaluate(*tiny, limit=2, seed=0, max_new_tokens=8)
     assert set(result["categories"]) == set(evaluate.CATEGORIES)
     assert result["n"] == 2 * len(evaluate.CATEGORIES) and len(result["items"]) == result["n"]
     assert 0.0 <= result["score"] <= 1.0 and 0.0 <= result["answered"] <= 1.0
+    items = evaluate.eval_items(2, seed=0)
+    assert [(d["category"], d["index"]) for d in result["items"]] == [(i.category, i.index) for i in items]
+    for item, d in zip(items, result["items"]):
+        assert d["expected"] == item.entry["answer"]
+        assert d["answer"] == evaluate.extract_answer(d["completion"])
+        assert d["score"] == evaluate.score_item(item, d["completion"])
+    per = {c: [d["score"] for d in result["items"] if d["category"] == c] for c in evaluate.CATEGORIES}
+    assert result["categories"] == pytest.approx({c: sum(s) / len(s) for c, s in per.items()})
+    assert result["score"] == pytest.approx(sum(result["categories"].values()) / len(evaluate.CATEGORIES))
+    assert result["answered"] == sum(d["answer"] is not None for d in result["items"]) / result["n"]
 
 
 def test_evaluation_is_deterministic(tiny):
@@ -117,13 +129,13 @@ def test_eval_main_json_is_the_last_stdout_line(capsys):
     assert cli.main(["eval", "--model", "tiny-random", "--limit", "1", "--max-new-tokens", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert isinstance(result["score"], float) and set(result["categories"]) == set(evaluate.CATEGORIES)
+    assert result["score"] == pytest.approx(sum(result["categories"].values()) / len(evaluate.CATEGORIES))
     assert "items" not in result
 
 
 def test_adapter_of_a_run_is_loaded_not_ignored(tiny, tmp_path):
     """Save an adapter with nonzero LoRA B weights as a run's checkpoint; --run must load exactly those."""
     import torch
-    import spade_mini
     model, _, _ = models.load_model("tiny-random", **TINY_LOAD)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -133,7 +145,6 @@ def test_adapter_of_a_run_is_loaded_not_ignored(tiny, tmp_path):
     model.save_pretrained(ckpt)
     (ckpt / "state.json").write_text('{"step": 3}')
     (tmp_path / "run" / "config.json").write_text(json.dumps({"model": "tiny-random"}))
-    import train
     args = cli.build_parser("eval").parse_args(["eval", "--run", str(tmp_path / "run")])
     name, adapter, kwargs = cli.eval_source(args)
     assert (name, adapter, kwargs["lora_r"]) == ("tiny-random", ckpt, 4)
@@ -155,6 +166,8 @@ def test_eval_metrics_are_flat_namespaced_keys_for_metrics_jsonl(tiny, tmp_path)
     expected = {"eval/score", "eval/answered", "eval/pool_win_rate", "perf/eval_s", "perf/eval_pool_s"}
     assert set(out) == expected | {f"eval/{c}" for c in evaluate.CATEGORIES}
     assert out["eval/pool_win_rate"] == 1.0
+    categories = [out[f"eval/{c}"] for c in evaluate.CATEGORIES]
+    assert out["eval/score"] == pytest.approx(sum(categories) / len(categories))
 
 
 def test_an_adapter_without_its_config_is_a_one_line_error(tmp_path, capsys):

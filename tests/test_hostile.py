@@ -137,11 +137,11 @@ def listener():
 
 # --- time -------------------------------------------------------------------------------------------------------
 
-def test_infinite_loop_in_init():
+def test_infinite_loop_in_init_times_out():
     assert reason(attack(env(init="while True: pass"))) == "timeout"
 
 
-def test_infinite_loop_in_reset():
+def test_infinite_loop_in_reset_times_out():
     assert reason(attack(env(reset="while True: pass"))) == "timeout"
 
 
@@ -159,7 +159,7 @@ def test_cpu_limit_ends_a_busy_child():
     assert reason(outcome) == "timeout" and "CPU time limit" in outcome.detail   # not the 30 s deadline
 
 
-def test_infinite_loop_in_module_level_code():
+def test_infinite_loop_in_module_level_code_times_out():
     assert reason(attack("while True:\n    pass\nclass AttackEnv: pass\n")) == "timeout"
 
 
@@ -171,7 +171,7 @@ def test_memory_bomb():
     assert reason(outcome) == "memory" and rss_mb() - before < 50
 
 
-def test_memory_bomb_after_trying_to_raise_the_limits():
+def test_memory_bomb_after_trying_to_raise_the_limits_is_forbidden():
     code = env(reset='''
         import resource
         try:
@@ -182,7 +182,7 @@ def test_memory_bomb_after_trying_to_raise_the_limits():
     assert reason(attack(code, memory_mb=300)) == "forbidden"
 
 
-def test_deep_recursion_to_a_segfault():
+def test_deep_recursion_to_a_segfault_is_a_crash():
     """The recursion limit lifted, a deeply nested repr overflows the C stack: SIGSEGV -> 'crash'."""
     code = env(reset='''
         import sys
@@ -200,23 +200,23 @@ def test_os_exit_is_a_crash():
     assert reason(outcome) == "crash"
 
 
-def test_huge_observation():
+def test_huge_observation_is_too_large_and_never_held_by_the_caller():
     before = rss_mb()
     outcome = attack(env(reset="return 'x' * (300 << 20), {}"), memory_mb=1024, call_timeout=5.0)
     assert reason(outcome) == "too_large" and rss_mb() - before < 50
 
 
-def test_huge_observation_made_of_many_small_pieces():
+def test_huge_observation_made_of_many_small_pieces_is_too_large():
     outcome = attack(env(reset="return ['ab'] * (10 << 20), {}"), memory_mb=1024)
     assert reason(outcome) == "too_large"
 
 
-def test_self_referencing_observation():
+def test_self_referencing_observation_is_not_serializable():
     outcome = attack(env(reset="obs = []\nobs.append(obs)\nreturn obs, {}"))
     assert reason(outcome) == "not_serializable"
 
 
-def test_non_serializable_return_value():
+def test_an_object_in_the_return_value_is_not_serializable():
     outcome = attack(env(reset="return object(), {}"))
     assert reason(outcome) == "not_serializable" and "object" in outcome.detail
 
@@ -240,11 +240,11 @@ def test_file_size_limit():
 
 # --- processes ----------------------------------------------------------------------------------------------------
 
-def test_fork_bomb():
+def test_fork_bomb_is_forbidden():
     assert reason(attack(env(reset="import os\nwhile True:\n    os.fork()"))) == "forbidden"
 
 
-def test_double_fork_setsid_daemon():
+def test_double_fork_setsid_daemon_is_forbidden():
     code = env(reset='''
         import os
         if os.fork() == 0:
@@ -272,17 +272,17 @@ def test_double_fork_setsid_daemon_past_the_audit_hook(hook_defeated, filter_def
     assert attack(code, marker=marker)[0] == "spawned"   # attack() checked that the daemon is gone
 
 
-def test_subprocess():
+def test_subprocess_run_is_forbidden():
     code = env(reset="import subprocess\nreturn subprocess.run(['id'], capture_output=True).stdout.decode(), {}")
     assert reason(attack(code)) == "forbidden"
 
 
-def test_os_system():
+def test_os_system_is_forbidden_and_runs_nothing():
     assert reason(attack(env(reset="import os\nos.system('touch /tmp/spade_pwned')"))) == "forbidden"
     assert not os.path.exists("/tmp/spade_pwned")
 
 
-def test_os_posix_spawn():
+def test_os_posix_spawn_is_forbidden():
     code = env(reset="import os\nos.posix_spawn('/bin/true', ['true'], {})")
     assert reason(attack(code)) == "forbidden"
 
@@ -292,7 +292,7 @@ def test_kill_the_parent():
     assert reason(outcome) == "forbidden"   # and this process is still running this line
 
 
-def test_kill_the_process_group():
+def test_killing_the_process_group_is_forbidden():
     assert reason(attack(env(reset="import os\nos.killpg(0, 9)"))) == "forbidden"
 
 
@@ -312,13 +312,13 @@ def test_signal_the_trainer_past_the_audit_hook(hook_defeated):
     assert received == []
 
 
-def test_posixsubprocess_loaded_by_hand():
+def test_posixsubprocess_loaded_by_hand_is_forbidden():
     """Native modules load through an audited import event; a disguised name does not hide the module."""
     code = env(prelude=LOAD_BY_HAND, reset="load_by_hand('x._posixsubprocess', '_posixsubprocess')")
     assert reason(attack(code)) == "forbidden"
 
 
-def test_native_module_from_the_private_directory():
+def test_native_module_from_the_private_directory_is_forbidden():
     """A shared object written by the env (or to a memfd) is not loaded: only the stdlib's extensions are."""
     code = env(prelude=LOAD_BY_HAND, reset='''
         open("evil.so", "wb").write(b"\\x7fELF")
@@ -327,7 +327,7 @@ def test_native_module_from_the_private_directory():
     assert reason(attack(code)) == "forbidden"
 
 
-def test_native_module_from_a_memfd():
+def test_native_module_from_a_memfd_is_forbidden():
     code = env(prelude=LOAD_BY_HAND, reset='''
         fd = os.memfd_create("evil")
         os.write(fd, b"\\x7fELF")
@@ -336,7 +336,7 @@ def test_native_module_from_a_memfd():
     assert reason(attack(code)) == "forbidden"
 
 
-def test_thread_that_keeps_running():
+def test_a_thread_that_keeps_running_does_not_stop_later_calls():
     """A thread spinning after the call returned: later calls still answer; close() ends it."""
     code = env(reset='''
         import threading
@@ -363,42 +363,42 @@ def test_thread_that_writes_fake_replies_later():
         threading.Thread(target=forge).start()
         return 'started', {}''', step="import time\ntime.sleep(0.5)\nreturn 'genuine'")
     outcome = attack(code, [("reset", ()), ("step", ("x",))])
-    assert outcome != "forged!!!" and reason(outcome) in ("protocol", "ok")
+    assert outcome == "genuine" or reason(outcome) == "protocol"   # the real reply, or a refusal; never another
 
 
 # --- native code ------------------------------------------------------------------------------------------------
 
-def test_ctypes_call_into_libc():
+def test_ctypes_call_into_libc_is_forbidden_and_runs_nothing():
     code = env(reset="import ctypes\nlibc = ctypes.CDLL('libc.so.6')\nlibc.system(b'touch /tmp/spade_pwned')")
     assert reason(attack(code)) == "forbidden"
     assert not os.path.exists("/tmp/spade_pwned")
 
 
-def test_ctypes_loaded_past_the_import_check():
+def test_ctypes_loaded_past_the_import_check_is_forbidden():
     """_ctypes loaded by hand under another name is refused at import, and its calls raise ctypes events anyway."""
     code = env(prelude=LOAD_BY_HAND, reset="load_by_hand('x._ctypes', '_ctypes').dlopen('libc.so.6')")
     assert reason(attack(code)) == "forbidden"
 
 
-def test_crafted_code_object():
+def test_loading_a_crafted_code_object_is_forbidden():
     code = env(reset="import marshal\nmarshal.loads(b'\\xe3' + bytes(100))")
     assert reason(attack(code)) == "forbidden"
 
 
-def test_removing_the_audit_hook():
+def test_adding_an_audit_hook_to_replace_ours_is_forbidden():
     code = env(reset="import sys\nsys.addaudithook(lambda *a: None)")
     assert reason(attack(code)) == "forbidden"
 
 
 # --- files ------------------------------------------------------------------------------------------------------
 
-def test_write_to_tmp():
+def test_write_to_tmp_is_forbidden_and_writes_nothing():
     path = f"/tmp/spade_pwned_{secrets.token_hex(4)}"
     assert reason(attack(env(reset=f"open({path!r}, 'w').write('x')"))) == "forbidden"
     assert not os.path.exists(path)
 
 
-def test_write_to_the_home_directory():
+def test_write_to_the_home_directory_is_forbidden_and_writes_nothing():
     path = os.path.join(os.path.expanduser("~"), f"spade_pwned_{secrets.token_hex(4)}")
     assert reason(attack(env(reset=f"open({path!r}, 'w').write('x')"))) == "forbidden"
     assert not os.path.exists(path)
@@ -429,11 +429,11 @@ def test_write_outside_past_the_audit_hook(hook_defeated):
     assert 0 not in outcome[0] and not any(os.path.exists(p) for p in paths)
 
 
-def test_open_a_descriptor_by_number():
+def test_opening_a_descriptor_by_number_is_forbidden():
     assert reason(attack(env(reset="open(5, 'wb', closefd=False).write(b'x')"))) == "forbidden"
 
 
-def test_symlink_out_of_the_sandbox():
+def test_symlink_out_of_the_sandbox_is_forbidden():
     assert reason(attack(env(reset="import os\nos.symlink('/etc', 'etc')"))) == "forbidden"
 
 
@@ -444,7 +444,7 @@ def test_read_parent_environment_variables():
     assert "SPADE_HOSTILE_SECRET" not in outcome[0]
 
 
-def test_read_proc_parent_environ():
+def test_reading_the_parents_proc_environ_is_forbidden():
     code = env(reset="import os\nreturn open(f'/proc/{os.getppid() or 1}/environ').read(), {}")
     assert reason(attack(code)) == "forbidden"
 
@@ -467,7 +467,7 @@ def test_read_every_environ_in_proc_past_the_audit_hook(hook_defeated):
 
 # --- network ------------------------------------------------------------------------------------------------------
 
-def test_network_connection_to_localhost(listener):
+def test_network_connection_to_localhost_is_forbidden(listener):
     port = listener.getsockname()[1]
     code = env(reset=f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=0.5)")
     assert reason(attack(code)) == "forbidden"
@@ -500,7 +500,7 @@ def test_memory_bomb_after_raising_the_limits_past_the_audit_hook(hook_defeated)
 
 # --- output and protocol ----------------------------------------------------------------------------------------
 
-def test_stdout_and_stderr_floods():
+def test_stdout_and_stderr_floods_do_not_block_the_reply():
     code = env(reset='''
         import sys
         line = "x" * 65536
@@ -535,13 +535,13 @@ def test_fake_message_on_stdout_is_ignored():
     assert attack(code) == ["genuine", {}]
 
 
-def test_closing_the_protocol_descriptors():
+def test_closing_the_protocol_descriptors_is_a_crash():
     code = env(reset="import os\nfor fd in range(3, 64):\n    try:\n        os.close(fd)\n    except OSError:\n"
                      "        pass\nreturn 'x', {}")
     assert reason(attack(code)) == "crash"
 
 
-def test_flood_of_bytes_on_the_reply_pipe():
+def test_flood_of_bytes_on_the_reply_pipe_fails_the_call():
     code = env(reset='''
         import os
         junk = b"9" * 65536

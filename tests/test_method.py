@@ -228,7 +228,7 @@ def test_thinking_is_rendered_off_by_default_and_parsed_after_the_last_think(tin
     assert envs.extract_code(envs.after_thinking(reply)) is None
 
 
-def test_score_command_prints_the_worked_example(tmp_path, capsys):
+def test_score_command_prints_the_hand_computed_window_scores(tmp_path, capsys):
     given = {"variant": "regret", "window": 1, "mu_slow": {"Optimization": 0.3},
              "envs": [{"skill": "Optimization", "hung": False, "hinted": [1, 1, 0, 1],
                        "unhinted": [[0, 1, 0, 0]], "trained": [[True, True, True, False]]}]}

