@@ -232,7 +232,7 @@ def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: f
         result = play_scripted(code, actions, seed=seed, max_turns=max_turns, limits=limits)
         for t in result["transcript"]:
             if "failure" in t:
-                print(f"environment failed: {t['failure']}: {t['detail']}")
+                print(f"environment failed: {t['detail']}")
             elif t["turn"] == 0:
                 print(t["observation"])
             else:

@@ -146,6 +146,9 @@ def test_resume_continues_at_the_next_step_without_duplicates(tmp_path, pool):
     assert [r["step"] for r in records(out) if "step" in r] == [0, 1, 2]
     assert sum("config" in r for r in records(out)) == 1
     assert (out / "checkpoints" / "step_00002" / "state.json").exists()
+    assert json.loads((out / "config.json").read_text())["steps"] == 3   # the run now says what it ran to
+    assert cli.main(["train", "--resume", str(out)]) == 0                # finished: nothing to do, nothing redone
+    assert [r["step"] for r in records(out) if "step" in r] == [0, 1, 2]
 
 
 def test_bad_config_values_get_one_line_errors(capsys):
@@ -177,7 +180,7 @@ def test_validate_accepts_a_file_and_play_replays_its_actions_to_a_win(tmp_path,
     actions.write_text("\\boxed{ab}\n")
     assert cli.main(["play", str(env), "--actions", str(actions)]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result == {"return": 1.0, "turns": 1, "terminated": True}
+    assert result == {"return": 1.0, "turns": 1, "terminated": True, "failure": None}
 
 
 def test_validate_rejects_a_broken_file_with_exit_1(tmp_path, capsys):
