@@ -476,14 +476,22 @@ FIGURES = [
     ("eval.png", "Held-out evaluation", "score", ["eval/score", "eval/*", "eval/pool_win_rate"], (-0.05, 1.05),
      "reasoning-gym score overall and per category, eval/answered = share of answers in \\boxed{}, and the win "
      "rate on a held-out environment pool. Step -1 is the untrained base model."),
-    ("loss.png", "Update", "value", ["loss/policy", "loss/kl", "agent/zero_variance_frac"], None,
-     "Policy loss of the one optimizer step, and the share of zero-variance groups (they carry no gradient)."),
-    ("env_stats.png", "Environment statistics", "", [], None,
+    ("update.png", "The update", "", ["loss/*", "agent/zero_variance_frac"], None,
+     "One panel each: the gradient norm (above 0: an update happened), the PPO-clip-form loss, KL, the clipped "
+     "share (0 with one optimizer step), samples per role, optimizer steps, and the share of zero-variance groups "
+     "(they carry no gradient)."),
+    ("env_stats.png", "Environment statistics", "", ["env/*"], None,
      "One panel per other env/ metric (lines of code, turns, one-turn solves, hint and opening leakage)."),
+    ("perf.png", "Time and throughput", "", ["perf/*"], None, "One panel per perf/ metric: seconds per phase, "
+     "tokens per second, the sandbox's share of play, peak memory."),
+    ("other.png", "Everything else logged", "", [], None, "One panel per numeric metric no figure above shows."),
 ]
+PANELS = {"update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
+STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v")]   # coinciding curves stay visible
 PLAIN = {"env/regret", "env/count", "env/hung", "env/diversity"}  # env/* keys that are not 'statistics'
 TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/return_hint", "env/regret",
-         "agent/win_rate", "env/diversity", "eval/score", "loss/policy", "perf/step_s"]
+         "agent/win_rate", "env/diversity", "eval/score", "loss/grad_norm", "loss/samples_agent",
+         "loss/samples_designer", "perf/step_s"]
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -542,7 +550,8 @@ def plot_lines(ax, records: list[dict], keys: list[str]) -> int:
         points = [(r["step"], number(r.get(key))) for r in records]
         points = [(s, v) for s, v in points if v is not None]
         if points:
-            ax.plot(*zip(*points), marker="o", markersize=3, label=key)
+            style, marker = STYLES[drawn % len(STYLES)]
+            ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, label=key, alpha=0.85)
             drawn += 1
     step_axis(ax, records)
     return drawn
@@ -585,8 +594,8 @@ def rejections_figure(path: Path, records: list[dict]) -> None:
         counts = [number((r.get("designer/rejections") or {}).get(reason)) or 0.0 for r in records]
         ax.bar(steps, counts, bottom=bottom, label=reason)
         bottom = [b + c for b, c in zip(bottom, counts)]
-    if reasons:
-        ax.legend(fontsize=7, ncol=2)
+    if reasons:   # outside the axes, so that no bar hides under it
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     else:
         ax.text(0.5, 0.5, "no rejected attempts", ha="center", va="center", transform=ax.transAxes, color="gray")
     step_axis(ax, records)
@@ -595,10 +604,13 @@ def rejections_figure(path: Path, records: list[dict]) -> None:
     fig.savefig(path, dpi=100)
 
 
-def stats_figure(path: Path, records: list[dict]) -> list[str]:
-    """Small multiples of every other numeric env/* metric (their scales differ: lines of code vs shares)."""
-    keys = [k for k in expand(["env/*"], records) if k not in PLAIN
-            and any(number(r.get(k)) is not None for r in records)]
+def numeric(keys: list[str], records: list[dict]) -> list[str]:
+    return [k for k in keys if any(number(r.get(k)) is not None for r in records)]
+
+
+def panels_figure(path: Path, records: list[dict], keys: list[str]) -> list[str]:
+    """Small multiples, one panel per metric with data (their scales differ: lines of code vs shares)."""
+    keys = numeric(keys, records)
     cols = 3
     rows = max(1, math.ceil(len(keys) / cols))
     fig = new_figure(figsize=(9.6, 2.6 * rows))
@@ -611,7 +623,7 @@ def stats_figure(path: Path, records: list[dict]) -> list[str]:
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
     if not keys:
-        axes[0][0].text(0.5, 0.5, "no environment statistics logged", ha="center", va="center", color="gray")
+        axes[0][0].text(0.5, 0.5, "nothing of this kind logged", ha="center", va="center", color="gray")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return keys
@@ -654,7 +666,8 @@ def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[t
     knobs = ["model", "preset", "steps", "seed", "designer_reward", "no_designer_training", "no_memory",
              "no_corpus", "env_pool", "skills", "envs_per_step", "plays", "hinted_plays"]
     parts = [f"<h1>spade-mini run {esc(run_dir.resolve().name)}</h1>",
-             '<p><a href="envs.html">environments of every step</a></p>',
+             '<p><a href="envs.html">environments of every step</a> &middot; '
+             '<a href="designs.html">every designer attempt, with its verdict</a></p>',
              table([[k, cfg[k]] for k in knobs if k in cfg], ["config", "value"])]
     if not records:
         parts.append('<p class="note"><b>This run has no completed steps yet</b> (metrics.jsonl holds no step '
@@ -677,7 +690,8 @@ def render_transcript(episode: dict) -> str:
     turns = []
     for i, turn in enumerate(episode.get("transcript") or []):
         turn = turn if isinstance(turn, dict) else {"text": turn}
-        fields = [(k, v) for k, v in turn.items() if k != "turn"]  # turn 0 is the first observation
+        fields = [(k, v) for k, v in turn.items() if k != "turn"   # turn 0 is the first observation
+                  and not (k == "action" and v == turn.get("reply"))]  # a reply without \\boxed{} is its action
         turns.append(f"<b>turn {esc(turn.get('turn', i))}</b><pre>"
                      + "\n".join(f"{esc(k)}: {esc(v)}" for k, v in fields) + "</pre>")
     return head + "".join(turns)
@@ -722,11 +736,31 @@ def envs_page(run_dir: Path) -> str:
     return PAGE.format(title="spade-mini environments", body="\n".join(body + sections))
 
 
+def designs_page(run_dir: Path) -> str:
+    """Every designer attempt of samples.jsonl: step, slot, attempt, skill, verdict, reason and what it wrote."""
+    sections = []
+    for r in runs.read_jsonl(run_dir / "samples.jsonl"):
+        if r.get("kind") != "design":
+            continue
+        verdict = r.get("verdict") or {}
+        written = r.get("code") if r.get("code") is not None else r.get("text", "")
+        sections.append("\n".join([
+            f"<h3>step {esc(r.get('step'))} &middot; slot {esc(r.get('slot'))} &middot; attempt "
+            f"{esc(r.get('attempt'))} &middot; {esc(r.get('skill'))}: "
+            f"{'valid' if verdict.get('valid') else 'rejected'} ({esc(verdict.get('reason'))})</h3>",
+            f'<p class="note">{esc(verdict.get("detail", ""))}</p>' if verdict.get("detail") else "",
+            f"<details><summary>{'program' if r.get('code') is not None else 'answer (no python block)'} "
+            f"({len(str(written).splitlines())} lines)</summary><pre><code>{esc(written)}</code></pre></details>"]))
+    body = ['<h1>Designer attempts</h1><p><a href="index.html">back to the figures</a></p>',
+            "\n".join(sections) or '<p class="note">no designer attempt logged (an --env-pool run designs none)</p>']
+    return PAGE.format(title="spade-mini designer attempts", body="\n".join(body))
+
+
 # -----------------------------------------------------------------------------------------------------------
 # entry points
 
 def write_report(run_dir: str | Path) -> Path:
-    """Write RUN_DIR/report/{index.html, envs.html, *.png}; returns the index path. Raises FileNotFoundError
+    """Write RUN_DIR/report/{index.html, envs.html, designs.html, *.png}; returns the index path. Raises FileNotFoundError
     for a directory that is not a run. A run with no completed step gets a page saying so, and no figures."""
     run_dir = Path(run_dir)
     if not ((run_dir / "metrics.jsonl").exists() or (run_dir / "config.json").exists()):
@@ -734,16 +768,23 @@ def write_report(run_dir: str | Path) -> Path:
     header, records = load_run(run_dir)
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    figures = []
+    figures, shown = [], set()
     for file, title, ylabel, keys, ylim, caption in FIGURES if records else []:
+        keys = [k for k in expand(keys, records) if k not in shown and not (file == "env_stats.png" and k in PLAIN)]
+        if file == "other.png":
+            keys = [k for k in sorted({k for r in records for k in r}) if k not in shown and k != "step"]
         if file == "rejections.png":
             rejections_figure(out / file, records)
-        elif file == "env_stats.png":
-            caption += " Shown: " + (", ".join(stats_figure(out / file, records)) or "none logged") + "."
+            drawn = ["designer/rejections"]
+        elif file in PANELS:
+            drawn = panels_figure(out / file, records, keys)
         else:
-            line_figure(out / file, title, ylabel, records, expand(keys, records), ylim)
-        figures.append((file, title, caption))
+            line_figure(out / file, title, ylabel, records, keys, ylim)
+            drawn = numeric(keys, records)
+        shown |= set(drawn)
+        figures.append((file, title, caption + " Drawn: " + (", ".join(drawn) or "nothing logged") + "."))
     (out / "envs.html").write_text(envs_page(run_dir), encoding="utf-8")
+    (out / "designs.html").write_text(designs_page(run_dir), encoding="utf-8")
     index = out / "index.html"
     index.write_text(index_page(run_dir, header, records, figures), encoding="utf-8")
     return index

@@ -114,3 +114,38 @@ def test_directory_that_is_not_a_run_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a spade-mini run"):
         cli.write_report(tmp_path)
     assert cli.main(["report", str(tmp_path)]) == 2
+
+
+def test_every_numeric_metric_the_run_logged_is_drawn_in_some_figure(run_dir):
+    """The page says under each figure which metrics it draws; together they cover every logged number
+    (coinciding curves get distinct styles, unrelated scales separate panels)."""
+    import re
+    page = cli.write_report(run_dir).read_text()
+    drawn = {k.strip() for listed in re.findall(r"Drawn: ([^<]*?)\.</p>", page) for k in listed.split(",")}
+    records = cli.load_run(run_dir)[1]
+    logged = {k for r in records for k, v in r.items() if k != "step" and cli.number(v) is not None}
+    assert logged and logged <= drawn, logged - drawn
+    assert "loss/policy" in drawn and "designer/rejections" in drawn
+
+
+def test_the_designs_page_shows_every_attempt_with_its_verdict_and_reason(run_dir):
+    samples = [{"step": 0, "kind": "design", "slot": 1, "attempt": 0, "skill": "Optimization", "code": None,
+                "text": "I cannot write code", "verdict": {"valid": False, "reason": "no_code",
+                                                           "detail": "no ```python block in the answer"}},
+               {"step": 0, "kind": "design", "slot": 0, "attempt": 0, "skill": "Optimization", "code": HOSTILE_CODE,
+                "text": "", "verdict": {"valid": True, "reason": "ok"}}]
+    write_jsonl(run_dir / "samples.jsonl", samples)
+    cli.write_report(run_dir)
+    page = (run_dir / "report" / "designs.html").read_text()
+    assert "rejected (no_code)" in page and "I cannot write code" in page and "valid (ok)" in page
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert 'href="designs.html"' in (run_dir / "report" / "index.html").read_text()
+
+
+def test_a_turn_whose_reply_is_its_action_shows_the_text_once(run_dir):
+    episode = {"step": 0, "kind": "episode", "env_id": "env_00", "hinted": False, "seed": 7, "return": 0.0,
+               "turns": 1, "transcript": [{"turn": 1, "reply": "go left please", "action": "go left please",
+                                           "observation": "ok", "reward": 0.0}]}
+    write_jsonl(run_dir / "samples.jsonl", [episode])
+    cli.write_report(run_dir)
+    assert (run_dir / "report" / "envs.html").read_text().count("go left please") == 1
