@@ -130,7 +130,7 @@ def evaluate(model, tok, *, limit: int, seed: int = 0, max_new_tokens: int = 256
         for i, out in zip(chunk, outs):
             texts[i] = out.text
         if progress:  # stderr: with --json, stdout's last line must stay the result
-            print(f"eval: {start + len(chunk)}/{len(items)} answered ({time.time() - t0:.0f}s)", file=sys.stderr,
+            print(f"eval: {start + len(chunk)}/{len(items)} questions asked ({time.time() - t0:.0f}s)", file=sys.stderr,
                   flush=True)
     scores = [score_item(item, text) for item, text in zip(items, texts)]
     details = [{"category": it.category, "index": it.index, "answer": extract_answer(t),

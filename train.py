@@ -387,7 +387,9 @@ def self_play_step(st: State, step: int) -> dict:
     its last; play and the agent's update run every step."""
     cfg, clock, t0, window_records = st.cfg, {}, time.time(), []
     first = st.window is None
-    bar = tqdm(total=5, desc=f"step {step}", unit="phase", leave=False, file=sys.stderr)
+    # note: phases done, no ETA (the phases take very different times, so tqdm's estimate would mislead)
+    bar = tqdm(total=5, desc=f"step {step}", leave=False, file=sys.stderr,
+               bar_format="{desc}: phase {n}/{total} {postfix} [{elapsed}]")
 
     # 1-3. at a window's first step: design environments and validate them in the sandbox (or take a pool's)
     with phase(bar, clock, "design"):
