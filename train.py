@@ -6,7 +6,7 @@ the sandbox validates them, and the model writes a privileged hint for each. Eve
 plays every environment P times without the hint (and, at the first step, H times with it); at the window's
 last step the designer is scored by hint regret (agent return with the hint minus without) and the memory
 remembers. Both roles share one GRPO-style update per step. SPADE_METHOD.md has the method; this file is the
-loop, phase by phase, and its configuration.
+loop, phase by phase; its knobs are runs.Config (`cfg` below), one commented line each.
 
 Read next: regret.py, envs.py, spade_mini.py, sandbox.py (the README's reading order). Departures from the
 paper and the official code: the README's numbered list ("Implementation details"), the one place they are;

@@ -51,3 +51,12 @@ def test_every_function_the_readme_names_exists_where_it_says():
         if obj is None:
             missing.append(dotted)
     assert not missing, missing
+
+
+def test_the_demo_table_is_the_script_output_of_the_kept_demo_run():
+    """The README's demo numbers are bench/demo_table.py's output for the demo run kept in bench/results/."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("demo_table", ROOT / "bench" / "demo_table.py")
+    demo_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_table)
+    assert demo_table.table(ROOT / "bench" / "results" / "demo_metrics.jsonl") in README
