@@ -4,6 +4,7 @@ hints at the agent's temperature, hung environments forgotten, env ids repeated,
 solution() crashing the statistics, no trivial/unsolvable checks, thinking not parsed)."""
 import json
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,8 @@ import cli
 import evaluate
 import runs
 import models
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, seed=0)
 
@@ -323,3 +326,29 @@ def test_score_command_rejects_a_bad_prior(tmp_path, capsys, prior):
     (tmp_path / "w.json").write_text(text)
     assert cli.main(["score", str(tmp_path / "w.json")]) == 2
     assert "mu_slow" in capsys.readouterr().err
+
+
+LEAKY_ENV = '''
+import random
+class LeakyEnv:
+    def __init__(self, max_turns=12):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.secret = random.Random(seed).randint(10, 99)
+        return f"The secret is {self.secret}. Say it.", {}
+    def step(self, action):
+        won = action == f"\\\\boxed{{{self.secret}}}"
+        return ("yes" if won else "no"), (1.0 if won else 0.0), won, False, {}
+    def solution(self):
+        return [f"\\\\boxed{{{self.secret}}}"]
+'''
+
+
+def test_an_opening_that_lists_every_option_is_no_leak_but_one_that_prints_the_answer_is():
+    """cups shows "cup 1, 2 or 3" whatever the answer: another seed's opening holds this answer too, so it is a
+    list of options, not a leak (it was flagged before). An opening that prints its own secret still leaks."""
+    played = [train.PlayedEnv("cups", "", (ROOT / "examples" / "cups.py").read_text(), None),
+              train.PlayedEnv("leaky", "", LEAKY_ENV, None)]
+    stats = evaluate.environment_stats(played, 12, sandbox.Limits())
+    assert played[0].stats["opening_leak"] is False and played[1].stats["opening_leak"] is True
+    assert stats["env/opening_leak_rate"] == 0.5

@@ -60,3 +60,9 @@ def test_the_demo_table_is_the_script_output_of_the_kept_demo_run():
     demo_table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo_table)
     assert demo_table.table(ROOT / "bench" / "results" / "demo_metrics.jsonl") in README
+
+
+def test_the_score_example_file_is_the_readmes_worked_example():
+    import json
+    shown = README.split("```json\n", 1)[1].split("\n```", 1)[0]
+    assert json.loads(shown) == json.loads((ROOT / "examples" / "window.json").read_text())
