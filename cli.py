@@ -498,12 +498,15 @@ TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/retur
 # reading the run
 
 def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
-    """(header, step records sorted by step). The header is the first line holding "config"; a step logged
-    twice (a resume) keeps its last record."""
+    """(header, step records sorted by step). The header is the first line holding "config", its config taken
+    from config.json when that reads (a resume records its new --steps there); a step logged twice (a resume)
+    keeps its last record."""
     lines = runs.read_jsonl(run_dir / "metrics.jsonl")
-    header = next((r for r in lines if "config" in r), {})
-    if not header and (run_dir / "config.json").exists():
-        header = {"config": json.loads((run_dir / "config.json").read_text())}
+    header = dict(next((r for r in lines if "config" in r), {}))
+    try:
+        header["config"] = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
     steps = {r["step"]: r for r in lines if isinstance(r.get("step"), int) and "config" not in r}
     return header, [steps[s] for s in sorted(steps)]
 

@@ -149,3 +149,10 @@ def test_a_turn_whose_reply_is_its_action_shows_the_text_once(run_dir):
     write_jsonl(run_dir / "samples.jsonl", [episode])
     cli.write_report(run_dir)
     assert (run_dir / "report" / "envs.html").read_text().count("go left please") == 1
+
+
+def test_the_report_shows_the_steps_a_resume_extended_the_run_to(run_dir):
+    """metrics.jsonl's header keeps the config of the run's start; config.json records a resume's --steps."""
+    (run_dir / "config.json").write_text(json.dumps({"model": "tiny-random", "preset": "tiny", "steps": 5}))
+    page = cli.write_report(run_dir).read_text()
+    assert "<tr><td>steps</td><td>5</td></tr>" in page
