@@ -71,9 +71,14 @@ def add_config_flags(parser: argparse.ArgumentParser, config_class) -> None:
 def config_from_args(explicit: dict):
     """Precedence: Config defaults < preset < flags given on the command line."""
     preset = explicit.get("preset", runs.Config.preset)
+    return runs.Config(**{**preset_overrides(preset), **explicit, "preset": preset})
+
+
+def preset_overrides(preset: str) -> dict:
+    """The overrides of a preset; the one place an unknown preset name is an error."""
     if preset not in runs.PRESETS:
         raise InputError(f"unknown preset {preset!r}; choose one of {', '.join(runs.PRESETS)}")
-    return runs.Config(**{**runs.PRESETS[preset], **explicit, "preset": preset})
+    return runs.PRESETS[preset]
 
 
 def check_config(train, cfg) -> None:
@@ -129,9 +134,7 @@ def precheck(explicit: dict) -> None:
     """What a typo in a new run's flags breaks, checked before torch is even imported (seconds, not a model
     load): the preset, --out, the corpus, the folders and the model."""
     preset = explicit.get("preset", runs.Config.preset)
-    if preset not in runs.PRESETS:
-        raise InputError(f"unknown preset {preset!r}; choose one of {', '.join(runs.PRESETS)}")
-    values = {**runs.PRESETS[preset], **explicit}
+    values = {**preset_overrides(preset), **explicit}
     runs.check_new_out(values.get("out", ""))
     if values.get("corpus") and not values.get("env_pool"):
         runs.load_corpus(values["corpus"])
@@ -377,9 +380,7 @@ def eval_source(args: argparse.Namespace) -> tuple[str, Path | None, dict]:
     """(model name, adapter dir or None, models.load_model keyword arguments) from --preset/--model/--adapter/
     --run; also fills in the default --max-new-tokens from the preset."""
     import evaluate
-    if args.preset not in runs.PRESETS:
-        raise InputError(f"unknown preset {args.preset!r}; choose one of {', '.join(runs.PRESETS)}")
-    cfg = runs.Config(**runs.PRESETS[args.preset])
+    cfg = runs.Config(**preset_overrides(args.preset))
     name, lora, adapter = args.model or cfg.model, {"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha}, None
     if args.run:
         run = runs.existing_run(args.run, "--run")
