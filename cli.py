@@ -148,9 +148,10 @@ def cmd_train(explicit: dict) -> int:
     if explicit.get("resume"):   # a finished run: say so, before anything heavy is imported
         run = runs.existing_run(explicit["resume"], "--resume")
         steps = explicit.get("steps") or read_json(run.config, "--resume", ("steps",))["steps"]
-        if runs.steps_done(run) >= steps:
-            print(f"spade-mini: {run.root} already has {runs.steps_done(run)} steps (--steps {steps}): nothing to "
-                  f"do; continue it with --resume {run.root} --steps {runs.steps_done(run) + 1} or more")
+        done = runs.steps_done(run)
+        if done >= steps:
+            print(f"spade-mini: {run.root} already has {done} steps (--steps {steps}): nothing to do; continue it "
+                  f"with --resume {run.root} --steps {done + 1} or more")
             return 0
     else:
         precheck(explicit)
