@@ -124,7 +124,18 @@ def _from_pretrained(path: str, device: str, dtype: torch.dtype, quantized: bool
             bnb_4bit_compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32)
         kwargs["device_map"] = {"": device}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if quantized:
+        _no_cpu_repack(model)
     return model if quantized else model.to(device)
+
+
+def _no_cpu_repack(model) -> None:
+    """subtle: on a CPU with AVX512-BF16, bitsandbytes repacks every 4-bit weight for a fast inference kernel on
+    the first eval-mode forward without grad (the first rollout); later training forwards take that kernel,
+    which has no autograd, and the LoRA gradients came out ~100% off. Every 4-bit layer keeps the plain path."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, quantize: str,
@@ -137,8 +148,13 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
     if name == "tiny-random":
         tok = AutoTokenizer.from_pretrained(_gguf_cache(_bundled_smollm2(), cache_dir, with_model=False),
                                             local_files_only=True)
-        model = _tiny_random(tok, attn).to(device, dtype)
-        quantized, reason = False, reason + " (tiny-random: never quantized)"
+        model = _tiny_random(tok, attn)
+        if quantized:   # the QLoRA path for real: saved, then reloaded through bitsandbytes like any checkpoint
+            with tempfile.TemporaryDirectory() as folder:
+                model.save_pretrained(folder)
+                model = _from_pretrained(folder, device, dtype, True, attn)
+        else:
+            model = model.to(device, dtype)
     else:
         path = Path(name).expanduser()
         if name == "smollm2-135m":

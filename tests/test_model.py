@@ -400,3 +400,57 @@ def test_an_update_without_samples_changes_nothing():
     metrics = sm.update(model, opt, [], temperature=1.0, token_budget=4096, max_grad_norm=1.0, updates=2)
     assert metrics["samples"] == 0 and metrics["grad_norm"] == 0.0
     assert all(torch.equal(before[n], p) for n, p in lora_state(model).items())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NF4 on the CPU: the 4-bit base really is quantized, and the LoRA gradients through it are right
+
+
+def _dequantized_twin(model):
+    """A copy of the peft model with every 4-bit base weight replaced by its dequantized fp32 nn.Linear."""
+    import copy
+
+    import bitsandbytes as bnb
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        base = getattr(module, "base_layer", None)
+        if isinstance(base, bnb.nn.Linear4bit):
+            plain = torch.nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
+            with torch.no_grad():
+                plain.weight.copy_(bnb.functional.dequantize_4bit(base.weight.data, base.weight.quant_state))
+            plain.weight.requires_grad_(False)
+            module.base_layer = plain
+    return twin
+
+
+def _lora_grads(model, ids):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    mask = torch.ones_like(ids)
+    sm.token_logprobs(model, ids, mask, mask, temperature=1.0).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_nf4_lora_gradients_equal_those_on_the_dequantized_weights_before_and_after_generate(monkeypatch):
+    """subtle: bitsandbytes repacks 4-bit weights for an AVX512-BF16 CPU kernel on the first eval-mode forward
+    (a generate); that kernel has no autograd. The hardware is simulated (the flag is read when a layer is
+    built), so this fails without models._no_cpu_repack on any CPU."""
+    import bitsandbytes as bnb
+    monkeypatch.setattr(bnb.nn.modules, "has_avx512bf16", lambda: True)
+    model, tok, info = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="nf4",
+                                         gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    assert info["quantized"] and sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()) == 14
+    with torch.no_grad():   # a non-zero LoRA B, so the adapter's output depends on both matrices
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    ids = torch.tensor([[5, 17, 300, 42, 7, 99, 1000, 3]])  # (1, 8)
+    for when in ("before", "after"):
+        if when == "after":
+            models.generate(model, tok, [ids[0].tolist()], max_new_tokens=4, temperature=0.0, top_p=1.0, top_k=0,
+                            seed=0)
+        got, want = _lora_grads(model, ids), _lora_grads(_dequantized_twin(model), ids)
+        assert got.keys() == want.keys() and len(got) == 28
+        for name in got:
+            err = (got[name] - want[name]).norm() / want[name].norm().clamp(min=1e-12)
+            assert err < 1e-4, (when, name, float(err))

@@ -139,6 +139,16 @@ def test_env_pool_run_trains_the_agent_and_saves_envs(tmp_path, pool):
     assert any(e["kind"] == "episode" and e["transcript"] for e in episodes)
 
 
+def test_an_nf4_self_play_step_runs_on_the_cpu_and_its_header_says_quantized(tmp_path, pool):
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool),
+                     "--quantize", "nf4"]) == 0
+    header, step = records(out)
+    assert header["model"]["quantized"] is True and header["model"]["device"] == "cpu"
+    assert step["loss/samples_agent"] > 0 and step["loss/policy"] is not None and step["loss/grad_norm"] > 0
+    assert (out / "checkpoints" / "step_00000" / "adapter_model.safetensors").exists()
+
+
 def test_resume_continues_at_the_next_step_without_duplicates(tmp_path, pool):
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
