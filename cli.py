@@ -35,6 +35,7 @@ COMMANDS = {
     "score": "rewards and advantages of one window of outcomes (conformance check)",
     "eval": "held-out evaluation: reasoning-gym and an environment pool",
     "report": "write RUN_DIR/report/index.html: plots and environments",
+    "plan": "the GPU memory of each phase of a run, whether it fits the card, and the geometry chosen",
 }
 
 
@@ -162,6 +163,52 @@ def cmd_train(explicit: dict) -> int:
     check_config(train, cfg)
     check_model(cfg.model)
     train.train(cfg)
+    return 0
+
+
+# -----------------------------------------------------------------------------------------------------------
+# spade-mini plan: runs.plan as a table (GiB), the card defaulting to the preset's
+
+def model_config(name: str, cache_dir: str) -> str:
+    """A preset's model, or where a model's config.json is on this machine (a directory, the converted GGUF,
+    the local Hugging Face cache); InputError when it is nowhere."""
+    if name in runs.MODEL_SHAPES:
+        return name
+    path = Path(name).expanduser()
+    if name == "smollm2-135m" or name.endswith(".gguf"):   # the converted copy models.py loads
+        path = Path(cache_dir).expanduser() / Path(name if name.endswith(".gguf") else "SmolLM2-135M-Instruct").stem
+    if (path / "config.json").is_file() or path.name == "config.json":
+        return str(path)
+    from huggingface_hub import try_to_load_from_cache   # note: light, but only plan and train need it
+    found = None if path.exists() else try_to_load_from_cache(name, "config.json")
+    if not isinstance(found, str):
+        raise InputError(f"--model: no config.json of {name} on this machine (a preset's model, a model directory "
+                         "or a cached Hugging Face id)")
+    return found
+
+
+def cmd_plan(args: dict) -> int:
+    as_json = args.pop("json")
+    cfg = config_from_args(args)
+    gpu = cfg.gpu_gb or runs.CARDS.get(cfg.preset)
+    if not gpu:
+        raise InputError(f"--gpu-gb: preset {cfg.preset} names no card; give the GPU's memory in GiB")
+    plan = runs.plan(cfg, gpu, runs.model_shape(model_config(cfg.model, cfg.cache_dir)))
+    columns = ("rows", "columns", "tokens", "weights", "lora", "kv", "transient", "activations", "logprob_chunk",
+               "peak")
+    print(f"{cfg.model} on {gpu:g} GiB ({plan['usable_gb']:g} usable): peak {plan['peak_gb']:.2f} GiB, "
+          f"{'fits' if plan['fits'] else 'does NOT fit'}")
+    print(f"{'phase':8}" + "".join(f"{c:>14}" for c in columns) + "  fits")
+    for name, phase in plan["phases"].items():
+        cells = "".join(f"{phase[c]:>14}" if c in phase else f"{'-':>14}" for c in columns)
+        print(f"{name:8}{cells}  {'yes' if phase['fits'] else 'NO'}")
+    g = plan["geometry"]
+    print(f"play: {g['waves']} wave(s) of {g['play_wave']} episodes; micro-batch token budget {g['token_budget']}; "
+          f"LoRA trains {plan['trainable_params']:,} parameters; {plan['kv_bytes_per_token']:,} KV bytes per token")
+    print("GiB. Checked against the engine's tensors: KV cache, log-prob chunk (forward). By formula: weights, "
+          "LoRA state. Estimates: transient buffers, activations, the chunk's backward.")
+    if as_json:
+        print(json.dumps(plan))
     return 0
 
 
@@ -830,8 +877,9 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
         pass
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = {name: sub.add_parser(name, help=text, description=text) for name, text in COMMANDS.items()}
-    if command == "train":
-        add_config_flags(p["train"], runs.Config)
+    if command in ("train", "plan"):
+        add_config_flags(p[command], runs.Config)
+    p["plan"].add_argument("--json", action="store_true", help="last stdout line is the plan as JSON")
     for name in ("validate", "play"):
         p[name].add_argument("file", help="a Python file defining a *Env class")
         p[name].add_argument("--timeout", type=positive(float), default=5.0, help="seconds per environment call")
@@ -857,6 +905,8 @@ def run_command(args: dict) -> int:
         return cmd_eval(argparse.Namespace(**args))
     if command == "report":
         return cmd_report(args["run_dir"])
+    if command == "plan":
+        return cmd_plan(args)
     return cmd_train(args)
 
 

@@ -101,9 +101,9 @@ def _tiny_random(tok, attn: str):
     "bias" feature (every embedding carries 3.0 there) that only the stop token's output row reads (weight
     14): replies end after about 7-15 tokens, sampled or greedy; the rest of the model stays random.
     """
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         tie_word_embeddings=False, initializer_range=0.3, bos_token_id=tok.bos_token_id,
+    shape = runs.MODEL_SHAPES["tiny-random"]   # the shape `spade-mini plan` and the sizing read
+    assert shape["vocab_size"] == len(tok), (shape["vocab_size"], len(tok))
+    config = LlamaConfig(**shape, max_position_embeddings=8192, initializer_range=0.3, bos_token_id=tok.bos_token_id,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config._attn_implementation = attn
     model = AutoModelForCausalLM.from_config(config)
@@ -179,8 +179,23 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
     return model, tok, info
 
 
+def lora_targets(model) -> list[str]:
+    """Every linear layer but the LM head; on a mixture of experts the attention layers only (runs.lora_params
+    counts the same ones).
+
+    subtle: peft's "all-linear" also wraps transformers 5.x's fused 3-D expert weights and the router: on
+    Qwen3-30B-A3B ~1 B trainable parameters and an expert merge on every forward. Naming a dense MLP layer of
+    an MoE model does the same (peft 0.21 maps gate_proj/up_proj/down_proj onto the fused experts), so there
+    the MLPs stay frozen too.
+    """
+    head = model.get_output_embeddings()
+    moe = any(name.endswith(".experts") for name, _ in model.named_modules())
+    return [name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not head and not (moe and ".mlp." in f"{name}.")]
+
+
 def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradient_checkpointing: bool):
-    """LoRA on every linear layer (not the LM head), after turning on (and proving) gradient checkpointing."""
+    """LoRA on every linear layer (lora_targets), after turning on (and proving) gradient checkpointing."""
     if gradient_checkpointing:
         # note: non-reentrant checkpointing needs no input that requires grad (the embeddings stay frozen)
         if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
@@ -188,7 +203,7 @@ def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradie
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                      target_modules="all-linear", task_type="CAUSAL_LM")
+                      target_modules=lora_targets(model), task_type="CAUSAL_LM")
     with warnings.catch_warnings():
         # note: peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` alias (a FutureWarning on every
         # load that no user can act on); the state it asks about is checked below, by _verify_checkpointing
@@ -434,6 +449,25 @@ def generate_turn(model, tok, rows: list[int], sequences: list[list[int]], prev:
     lengths = torch.tensor([len(r.completion_ids) for r in replies], device=model.device)  # (B,)
     grown = torch.arange(out.shape[1] - ids.shape[1], device=model.device)[None, :] < lengths[:, None]  # (B, N)
     return replies, TurnBatch(list(rows), out, torch.cat([mask, grown.long()], 1), cache)
+
+
+def free_gpu_gb() -> float | None:
+    """Free CUDA memory now, in GiB; None without CUDA."""
+    return torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else None
+
+
+def phase_memory(name: str) -> dict:
+    """At a phase's end: the peak CUDA memory allocated and reserved since the last call (GiB), then the
+    allocator's cached blocks go back, so one phase's fragments cannot push the next out of memory. {} on CPU.
+
+    note: reserved - allocated is the allocator's cache; a large gap before an OOM means fragmentation."""
+    if not torch.cuda.is_available():
+        return {}
+    out = {f"mem/{name}_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+           f"mem/{name}_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return out
 
 
 def reset_peak_memory(model) -> None:

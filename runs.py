@@ -60,6 +60,7 @@ class Config:
     hint_max_new_tokens: int = 96       # tokens for one hint (then cut to 100 words)
     agent_max_new_tokens: int = 128     # tokens per agent turn
     agent_max_episode_tokens: int = 1024  # generated tokens per episode, all turns together
+    agent_max_observation_tokens: int = 256  # an observation longer than this is cut (tokens, for the plan)
     temperature: float = 0.7            # sampling temperature (log-probs are taken at the same temperature)
     top_p: float = 0.95                 # nucleus sampling
     top_k: int = 20                     # top-k sampling
@@ -87,6 +88,8 @@ class Config:
     clip_high: float = 0.28             # PPO ratio clip above 1 (epsilon_high); binds only when K > 1
     kl_beta: float = 0.0                # KL weight against the adapter-off reference
     token_budget: int = 4096            # tokens per micro-batch (gradient accumulation between them)
+    play_wave: int = 0                  # episodes that decode together (0 = all; on CUDA the plan may lower it)
+    gpu_gb: float = 0.0                 # GPU memory the plan sizes the run to (0 = free CUDA memory at start)
     max_grad_norm: float = 1.0          # gradient clipping
     # sandbox
     call_timeout: float = 5.0           # seconds per environment call (init, reset, step)
@@ -110,18 +113,19 @@ PRESETS = {
                  envs_per_step=4, design_attempts=2, regen_interval=1, plays=4, hinted_plays=4, max_turns=3,
                  designer_max_new_tokens=512, hint_max_new_tokens=64, agent_max_new_tokens=64,
                  agent_max_episode_tokens=192, token_budget=2048),
-    # one 24 GB GPU: NF4 weights 2.5 GB; 32 episodes x 2048 tokens of bf16 KV cache ~9.6 GB; 4k-token micro-batches
-    "4b": dict(model="Qwen/Qwen3-4B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4, max_turns=6,
+    # one 24 GB GPU (`spade-mini plan --preset 4b` shows each phase's memory): NF4 weights 2.5 GiB; the 32
+    # episodes of a window's first step decode in 2 waves of 16; documents cut to 1,500 words (~3k tokens)
+    "4b": dict(model="Qwen/Qwen3-4B-Instruct-2507", doc_words=1500, envs_per_step=4, plays=4, hinted_plays=4, max_turns=6,
                designer_max_new_tokens=4096, hint_max_new_tokens=160, agent_max_new_tokens=512,
                agent_max_episode_tokens=2048, temperature=0.6, lr=1e-5, lora_r=32, lora_alpha=64,
                token_budget=4096, checkpoint_every=10, steps=400),
-    # one 48 GB GPU: NF4 ~5 GB; 48 episodes x 3072 tokens of KV cache ~21.7 GB
-    "8b": dict(model="Qwen/Qwen3-8B", envs_per_step=6, plays=4, hinted_plays=4, max_turns=8,
+    # one 48 GB GPU: NF4 weights 5.7 GiB; 48 episodes in waves
+    "8b": dict(model="Qwen/Qwen3-8B", doc_words=2000, envs_per_step=6, plays=4, hinted_plays=4, max_turns=8,
                designer_max_new_tokens=6144, hint_max_new_tokens=160, agent_max_new_tokens=768,
                agent_max_episode_tokens=3072, temperature=0.6, lr=1e-5, lora_r=32, lora_alpha=64,
                token_budget=4096, checkpoint_every=10, steps=400),
-    # one 80 GB GPU: bitsandbytes leaves the fused MoE experts in bf16 (~57 GB); 32 episodes x 3072 tokens ~9.6 GB
-    "30b-a3b": dict(model="Qwen/Qwen3-30B-A3B-Instruct-2507", envs_per_step=4, plays=4, hinted_plays=4,
+    # one 80 GB GPU: bitsandbytes leaves the fused MoE experts in bf16 (54 GiB); LoRA on attention only (13.4 M)
+    "30b-a3b": dict(model="Qwen/Qwen3-30B-A3B-Instruct-2507", doc_words=2000, envs_per_step=4, plays=4, hinted_plays=4,
                     max_turns=8, designer_max_new_tokens=6144, hint_max_new_tokens=160,
                     agent_max_new_tokens=768, agent_max_episode_tokens=3072, temperature=0.6, lr=1e-5,
                     lora_r=16, lora_alpha=32, token_budget=2048, checkpoint_every=10, steps=400),
@@ -473,3 +477,220 @@ def log_tensorboard(writer, record: dict, step: int) -> None:
     for k, v in record.items() if writer else ():
         if isinstance(v, (int, float)) and "/" in k:
             writer.add_scalar(k, v, step)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the memory plan (`spade-mini plan`): what each phase holds on the GPU, from the model's shape and the config.
+# Exact where the engine's tensors are known (weights, LoRA state, KV cache, log-prob chunk; tests/test_plan.py
+# checks the KV cache and the chunk against the tensors a tiny model allocates); an estimate, named as one,
+# for activations and transient buffers.
+
+# config.json facts of the presets' models (their Hugging Face model cards), so a plan needs no download
+MODEL_SHAPES = {
+    "Qwen/Qwen3-4B-Instruct-2507": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                                        num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                        vocab_size=151936, tie_word_embeddings=True),
+    "Qwen/Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+    # every layer is a mixture of experts (mlp_only_layers = []): 128 experts of width 768, 8 active per token
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                                             num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                                             vocab_size=151936, tie_word_embeddings=False, num_experts=128,
+                                             num_experts_per_tok=8, moe_intermediate_size=768, mlp_only_layers=[]),
+}
+MODEL_SHAPES["Qwen/Qwen3-4B"] = MODEL_SHAPES["Qwen/Qwen3-4B-Instruct-2507"]
+# models.py's tiny random model for tests (SmolLM2's vocabulary), so the sizing runs on the CPU too
+MODEL_SHAPES["tiny-random"] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, vocab_size=49152, tie_word_embeddings=False)
+MODEL_SHAPES["Qwen/Qwen3-30B-A3B"] = MODEL_SHAPES["Qwen/Qwen3-30B-A3B-Instruct-2507"]
+
+CARDS = {"4b": 24, "8b": 48, "30b-a3b": 80}   # the GPU memory (GiB) each preset is made for
+GIB = 2**30
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # per weight: 4 bits, an 8-bit absmax per 64, an fp32 scale per 256 of those
+LORA_STATE_BYTES = 16                      # per LoRA parameter: fp32 weight, gradient, Adam's two moments
+CUDA_RESERVE_GB = 1.0                      # CUDA context, cuBLAS workspace and allocator slack, never planned into
+# prompt lengths in Qwen3 tokens, measured on the bundled corpus and prompts/ with the real Qwen3 tokenizer
+# (python bench/gpu_step.py --count-prompts): documents 1.98-2.01 tokens per word; designer prompt 984 tokens
+# without memory, 2,159 with a full memory block (two 2,000-character programs and a negative)
+TOKENS_PER_WORD = 2.0
+DESIGN_TEMPLATE_TOKENS = 2200
+HINT_TEMPLATE_TOKENS = 110      # the hint prompt around the program (at most designer_max_new_tokens)
+AGENT_TEMPLATE_TOKENS = 50      # the agent's first message around the observation and the hint
+TURN_FRAME_TOKENS = 14          # the chat template's text between a reply and the next reply
+
+
+def model_shape(model: str) -> dict:
+    """The shape facts of a preset's model, or of a local model directory's config.json (or the file itself)."""
+    if model in MODEL_SHAPES:
+        return dict(MODEL_SHAPES[model])
+    path = Path(model).expanduser()
+    path = path / "config.json" if path.is_dir() else path
+    if path.name != "config.json" or not path.is_file():
+        raise InputError(f"no shape known for {model!r}: give a preset's model ({', '.join(sorted(MODEL_SHAPES))}), "
+                         "a local model directory or its config.json")
+    config = json.loads(path.read_text())
+    config = config.get("text_config", config)   # a multimodal config keeps the language model inside
+    config.setdefault("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    config.setdefault("num_key_value_heads", config["num_attention_heads"])
+    return config
+
+
+def kv_bytes_per_token(shape: dict, dtype_bytes: int = 2) -> int:
+    """Keys and values of one token in every layer: 2 x layers x kv heads x head dim x bytes.
+
+    >>> kv_bytes_per_token(MODEL_SHAPES["Qwen/Qwen3-4B"])   # 2 x 36 x 8 x 128 x 2 = 144 KiB
+    147456
+    """
+    return 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * dtype_bytes
+
+
+def _linears(shape: dict) -> tuple[list[tuple[int, int]], list[tuple[int, int]], int]:
+    """((in, out) of the linear layers LoRA targets, of the others, parameters of the MoE experts and routers).
+    On a mixture of experts LoRA takes the attention layers only (models.lora_targets says why)."""
+    h, hd = shape["hidden_size"], shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * hd, shape["num_key_value_heads"] * hd
+    attention = [(h, q), (h, kv), (h, kv), (q, h)]
+    dense = [(h, shape["intermediate_size"])] * 2 + [(shape["intermediate_size"], h)]
+    targeted, frozen, experts = [], [], 0
+    for i in range(shape["num_hidden_layers"]):
+        if not shape.get("num_experts"):
+            targeted += attention + dense
+        elif i in shape.get("mlp_only_layers", []):
+            targeted, frozen = targeted + attention, frozen + dense
+        else:
+            targeted += attention
+            experts += shape["num_experts"] * (3 * h * shape["moe_intermediate_size"] + h)
+    return targeted, frozen, experts
+
+
+def lora_params(shape: dict, r: int) -> int:
+    """Trainable parameters: r x (in + out) per targeted linear layer (attention and MLPs; MoE: attention only).
+
+    >>> lora_params(MODEL_SHAPES["Qwen/Qwen3-30B-A3B"], 16)   # 48 x 16 x (6144 + 2560 + 2560 + 6144)
+    13369344
+    """
+    return sum(r * (i + o) for i, o in _linears(shape)[0])
+
+
+def weight_bytes(shape: dict, quantized: bool) -> int:
+    """The base weights: targeted linears in NF4 (or bf16), MoE experts, embeddings and norms in bf16.
+
+    note: bitsandbytes leaves the fused 3-D expert weights of transformers 5.x unquantized (SPADE_METHOD.md).
+    """
+    targeted, frozen, experts = _linears(shape)
+    linear = sum(i * o for i, o in targeted + frozen) * (NF4_BYTES if quantized else 2)
+    embeddings = shape["vocab_size"] * shape["hidden_size"] * (1 if shape.get("tie_word_embeddings") else 2)
+    norms = shape["num_hidden_layers"] * (2 * shape["hidden_size"] + 2 * shape["head_dim"]) + shape["hidden_size"]
+    return int(linear + 2 * (experts + embeddings + norms))
+
+
+def generate_kv_bytes(shape: dict, rows: int, columns: int, dtype_bytes: int = 2) -> int:
+    """The KV cache of one generate: rows x columns x kv bytes per token (the engine's width, pads included).
+
+    subtle: after a generate of N tokens on W columns the cache holds W + N - 1 (the last token is never fed)."""
+    return rows * columns * kv_bytes_per_token(shape, dtype_bytes)
+
+
+def logprob_chunk_bytes(shape: dict, chunk: int, dtype_bytes: int = 2) -> int:
+    """The (chunk, vocab) blocks the forward of spade_mini._chunk_logprobs allocates: the head's logits, their
+    fp32 copy (none when the head is fp32) and their division by the temperature (logsumexp is fused)."""
+    return chunk * shape["vocab_size"] * (dtype_bytes + (4 if dtype_bytes != 4 else 0) + 4)
+
+
+def _transient_generate(shape: dict, rows: int, new: int, cached: int, dtype_bytes: int = 2) -> int:
+    """Estimate: one layer's buffers while `new` tokens are prefilled against `cached` columns -- keys and values
+    expanded to every query head (GQA's repeat_kv), the attention mask, the MLP's three intermediate blocks --
+    plus DynamicCache's copy of one layer (torch.cat on every step), and the last position's fp32 logits."""
+    heads, hd = shape["num_attention_heads"], shape["head_dim"]
+    width = shape.get("moe_intermediate_size", 0) * shape.get("num_experts_per_tok", 0) or shape["intermediate_size"]
+    expanded = 2 * rows * heads * cached * hd * dtype_bytes
+    mask = rows * new * cached
+    mlp = 3 * rows * new * width * dtype_bytes
+    copy = generate_kv_bytes(shape, rows, cached, dtype_bytes) // shape["num_hidden_layers"]
+    return expanded + mask + mlp + copy + 3 * rows * shape["vocab_size"] * 4
+
+
+def _update_activations(shape: dict, tokens: int, dtype_bytes: int = 2) -> int:
+    """Estimate for `tokens` padded tokens with checkpointing: every layer's input kept, one layer recomputed
+    with its gradients (x2): q, k, v, attention output, two norms and the MLP's four intermediate blocks."""
+    h, hd = shape["hidden_size"], shape["head_dim"]
+    q, kv = shape["num_attention_heads"] * hd, shape["num_key_value_heads"] * hd
+    width = shape.get("moe_intermediate_size", 0) * shape.get("num_experts_per_tok", 0) or shape["intermediate_size"]
+    kept = shape["num_hidden_layers"] * tokens * h * dtype_bytes
+    layer = tokens * (2 * q + 2 * kv + 2 * h + 4 * width) * dtype_bytes
+    return kept + 2 * layer
+
+
+def phase_geometry(cfg) -> dict:
+    """Each phase's worst case: rows, prompt columns and new tokens of its generate; the update's longest sample.
+
+    Play's width is the engine's (spade_mini.play): the longest prompt, then per turn the longest reply and the
+    longest observation, pads in the middle of the rows that were shorter.
+    """
+    doc = 0 if cfg.no_corpus else int(cfg.doc_words * TOKENS_PER_WORD)
+    design_prompt = DESIGN_TEMPLATE_TOKENS + doc
+    agent_prompt = AGENT_TEMPLATE_TOKENS + cfg.agent_max_observation_tokens + cfg.hint_max_new_tokens
+    reply = min(cfg.agent_max_new_tokens, cfg.agent_max_episode_tokens)
+    between = cfg.agent_max_observation_tokens + TURN_FRAME_TOKENS
+    play_columns = agent_prompt + cfg.max_turns * reply + (cfg.max_turns - 1) * between
+    agent_sample = agent_prompt + cfg.agent_max_episode_tokens + (cfg.max_turns - 1) * between
+    envs_per_step = cfg.envs_per_step
+    return {"design": dict(rows=envs_per_step, prompt=design_prompt, new=cfg.designer_max_new_tokens),
+            "hint": dict(rows=envs_per_step, prompt=HINT_TEMPLATE_TOKENS + cfg.designer_max_new_tokens,
+                         new=cfg.hint_max_new_tokens),
+            "play": dict(rows=envs_per_step * (cfg.plays + cfg.hinted_plays), prompt=agent_prompt,
+                         new=play_columns - agent_prompt, between=between),
+            "update": dict(longest_sample=max(design_prompt + cfg.designer_max_new_tokens, agent_sample))}
+
+
+def _generate_phase(shape: dict, rows: int, prompt: int, new: int, between: int = 0) -> dict:
+    """Bytes of one generate phase: the KV cache at its widest and the largest transient of its forwards
+    (the first prefill, a later turn's prefill of `between` tokens, the last decode step)."""
+    columns = prompt + new - 1
+    transient = max(_transient_generate(shape, rows, prompt, prompt),
+                    _transient_generate(shape, rows, between, columns) if between else 0,
+                    _transient_generate(shape, rows, 1, columns))
+    return {"rows": rows, "columns": columns, "kv": generate_kv_bytes(shape, rows, columns), "transient": transient}
+
+
+def _phase_bytes(shape: dict, cfg, geometry: dict, wave: int, token_budget: int) -> dict:
+    base = weight_bytes(shape, cfg.quantize != "none")
+    lora = lora_params(shape, cfg.lora_r) * (LORA_STATE_BYTES - 4)   # weights and Adam moments stay all run
+    out = {}
+    for name in ("design", "hint", "play"):
+        g = dict(geometry[name])
+        if name == "play":
+            g["rows"] = min(wave, g["rows"])
+        out[name] = {"weights": base, "lora": lora, **_generate_phase(shape, **g)}
+    tokens = max(token_budget, geometry["update"]["longest_sample"])
+    targeted, frozen, _ = _linears(shape)
+    out["update"] = {"weights": base, "lora": lora + 4 * lora_params(shape, cfg.lora_r),   # + the gradients
+                     "tokens": tokens, "activations": _update_activations(shape, tokens),
+                     "logprob_chunk": 2 * logprob_chunk_bytes(shape, 512),   # estimate: the backward's as many
+                     "transient": 2 * max(i * o for i, o in targeted + frozen)}   # one weight dequantized for its matmul
+    for phase in out.values():
+        phase["peak"] = sum(v for k, v in phase.items() if k not in ("rows", "columns", "tokens"))
+    return out
+
+
+def plan(cfg, gpu_gb: float, shape: dict | None = None) -> dict:
+    """The memory plan of a run on a card of gpu_gb: per phase its bytes and peak, whether it fits, and the
+    geometry chosen -- how many episodes decode together (play in waves when all do not fit) and the
+    micro-batch token budget (halved while the update does not fit, down to the longest sample)."""
+    shape = shape or model_shape(cfg.model)
+    geometry, usable = phase_geometry(cfg), (gpu_gb - CUDA_RESERVE_GB) * GIB
+    rows, wave, budget = geometry["play"]["rows"], geometry["play"]["rows"], cfg.token_budget
+    phases = _phase_bytes(shape, cfg, geometry, wave, budget)
+    while wave > 1 and phases["play"]["peak"] > usable:
+        wave = min(wave - 1, -(-rows // (-(-rows // wave) + 1)))   # a wave more, the episodes spread evenly
+        phases = _phase_bytes(shape, cfg, geometry, wave, budget)
+    while budget > max(256, geometry["update"]["longest_sample"]) and phases["update"]["peak"] > usable:
+        budget //= 2
+        phases = _phase_bytes(shape, cfg, geometry, wave, budget)
+    gb = {name: {**{k: (round(v / GIB, 3) if k not in ("rows", "columns", "tokens") else v) for k, v in p.items()},
+                 "fits": p["peak"] <= usable} for name, p in phases.items()}
+    peak = round(max(p["peak"] for p in phases.values()) / GIB, 3)
+    return {"model": cfg.model, "gpu_gb": gpu_gb, "usable_gb": round(usable / GIB, 3),
+            "kv_bytes_per_token": kv_bytes_per_token(shape), "trainable_params": lora_params(shape, cfg.lora_r),
+            "phases": gb, "peak_gb": peak, "fits": all(p["fits"] for p in gb.values()),
+            "geometry": {"play_wave": wave, "waves": -(-rows // wave), "token_budget": budget}}

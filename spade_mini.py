@@ -56,6 +56,7 @@ class Episode:
 
 
 MAX_OBSERVATION_CHARS = 16_000  # about 4k tokens; longer observations are cut (they are not in the budget)
+MAX_OBSERVATION_TOKENS = 256    # runs.Config.agent_max_observation_tokens
 def _open_all(specs: list[EpisodeSpec], max_turns: int, limits) -> list[object]:
     """Start one sandboxed environment per episode, concurrently; a failed start becomes its SandboxError."""
     def start(spec: EpisodeSpec):
@@ -80,19 +81,24 @@ def _cut(ep: Episode, reply: models.Completion) -> None:
     ep.transcript.append({"turn": ep.turns + 1, "reply": reply.text, "cut": True})
 
 
-def _clip_observation(obs: str) -> str:
-    """note: observations are not in the token budget, so one is capped in characters (a hostile env may
-    return up to the sandbox's message cap, ~1 MB)."""
-    return obs if len(obs) <= MAX_OBSERVATION_CHARS else obs[:MAX_OBSERVATION_CHARS] + "\n[observation truncated]"
+def _clip_observation(obs: str, tok, max_tokens: int) -> str:
+    """note: observations are not in the token budget, so one is capped: in characters first (a hostile env may
+    return up to the sandbox's message cap, ~1 MB), then in tokens (the width the memory plan counts on)."""
+    cut = len(obs) > MAX_OBSERVATION_CHARS
+    obs = obs[:MAX_OBSERVATION_CHARS]
+    ids = tok(obs, add_special_tokens=False)["input_ids"]
+    if len(ids) > max_tokens:
+        obs, cut = tok.decode(ids[: max(1, max_tokens - 8)]), True   # room for the marker's tokens
+    return obs + "\n[observation truncated]" if cut else obs
 
 
-def _begin(ep: Episode, raw, tok, thinking: bool = False) -> bool:
+def _begin(ep: Episode, raw, tok, thinking: bool, max_obs: int) -> bool:
     """Reset result -> first prompt. Returns whether the episode goes on."""
     if isinstance(raw, sandbox.SandboxError):
         _fail(ep, raw.reason, raw.detail)
         return False
     try:
-        obs = _clip_observation(envs.parse_reset(raw))
+        obs = _clip_observation(envs.parse_reset(raw), tok, max_obs)
     except envs.ContractError as err:
         _fail(ep, "contract", str(err))
         return False
@@ -102,7 +108,8 @@ def _begin(ep: Episode, raw, tok, thinking: bool = False) -> bool:
     return True
 
 
-def _advance(ep: Episode, raw, reply: models.Completion, action: str, tok, frame: tuple, max_turns: int) -> bool:
+def _advance(ep: Episode, raw, reply: models.Completion, action: str, tok, frame: tuple, max_turns: int,
+             max_obs: int) -> bool:
     """Step result -> transcript, return and the observation's tokens. Returns whether the episode goes on."""
     if isinstance(raw, sandbox.SandboxError):
         _fail(ep, raw.reason, raw.detail)
@@ -112,7 +119,7 @@ def _advance(ep: Episode, raw, reply: models.Completion, action: str, tok, frame
     except envs.ContractError as err:
         _fail(ep, "contract", str(err))
         return False
-    obs = _clip_observation(obs)
+    obs = _clip_observation(obs, tok, max_obs)
     ep.turns += 1
     ep.transcript.append({"turn": ep.turns, "reply": reply.text, "action": action, "observation": obs,
                           "reward": reward, "terminated": terminated, "truncated": truncated})
@@ -135,13 +142,13 @@ def _drop_hung(eps: list[Episode], active: list[int]) -> list[int]:
     return [i for i in active if eps[i].failure is None]
 
 
-def _reset_all(eps: list[Episode], procs: list, tok, thinking: bool) -> list[int]:
+def _reset_all(eps: list[Episode], procs: list, tok, thinking: bool, max_obs: int) -> list[int]:
     """Reset every started environment (in parallel) into its episode's first prompt; the episodes that go on."""
     live = [i for i, p in enumerate(procs) if not isinstance(p, sandbox.SandboxError)]
     for i in sorted(set(range(len(eps))) - set(live)):
-        _begin(eps[i], procs[i], tok, thinking)  # records the start failure
+        _begin(eps[i], procs[i], tok, thinking, max_obs)  # records the start failure
     raws = sandbox.call_many([procs[i] for i in live], "reset", [(eps[i].spec.seed,) for i in live])
-    return _drop_hung(eps, [i for i, raw in zip(live, raws) if _begin(eps[i], raw, tok, thinking)])
+    return _drop_hung(eps, [i for i, raw in zip(live, raws) if _begin(eps[i], raw, tok, thinking, max_obs)])
 
 
 def _take_replies(eps: list[Episode], active: list[int], replies: list, room: dict) -> list[tuple]:
@@ -161,7 +168,8 @@ def _take_replies(eps: list[Episode], active: list[int], replies: list, room: di
 
 def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens: int, max_episode_tokens: int,
          temperature: float, top_p: float, top_k: int, seed: int, limits, static_cache: bool = False,
-         reuse_cache: bool = True, stats: dict | None = None, thinking: bool = False) -> list[Episode]:
+         reuse_cache: bool = True, stats: dict | None = None, thinking: bool = False,
+         max_observation_tokens: int = MAX_OBSERVATION_TOKENS) -> list[Episode]:
     """Play every spec to the end; each turn ALL active episodes share ONE generate call.
 
     Budgets: a reply gets at most max_new_tokens; an episode at most max_episode_tokens generated tokens over
@@ -169,7 +177,8 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
     reuse_cache: keep the KV cache across turns, so a turn prefills only the new observation (off with
     static_cache, whose fixed-shape cache is rebuilt every call). stats, when given, receives generate_s,
     sandbox_s, generated_tokens and generate_calls. thinking: rendered with enable_thinking; the action is
-    read after the last </think> either way, and thinking tokens count in both budgets.
+    read after the last </think> either way, and thinking tokens count in both budgets. An observation longer
+    than max_observation_tokens is cut (the width runs.plan counts on).
     """
     eps = [Episode(spec=s) for s in specs]
     timing = {"generate_s": 0.0, "sandbox_s": 0.0, "generated_tokens": 0, "generate_calls": 0}
@@ -177,7 +186,7 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
     procs, frame = _open_all(specs, max_turns, limits), models.turn_frame(tok, thinking)
     batch, deltas = None, {}
     try:
-        active = _reset_all(eps, procs, tok, thinking)
+        active = _reset_all(eps, procs, tok, thinking, max_observation_tokens)
         timing["sandbox_s"] += time.time() - t
         for turn in range(max_turns):
             room = {i: max_episode_tokens - sum(eps[i].loss_mask) for i in active}
@@ -202,7 +211,7 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
             before = {i: len(eps[i].token_ids) for i, _, _ in stepping}
             active = _drop_hung(eps, [i for (i, reply, action), raw in zip(stepping, raws)
                                       if _advance(eps[i], raw, reply, action, tok, frame,
-                                                  procs[i].max_turns or max_turns)])
+                                                  procs[i].max_turns or max_turns, max_observation_tokens)])
             deltas = {i: eps[i].token_ids[before[i]:] for i in active}
             timing["sandbox_s"] += time.time() - t
     finally:

@@ -253,11 +253,16 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, None, (j, False, i)))
             if hinted and i < cfg.hinted_plays:
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, e.hint, (j, True, i)))
-    episodes = spade_mini.play(st.model, st.tok, specs, max_turns=cfg.max_turns,
-                               max_new_tokens=cfg.agent_max_new_tokens,
-                               max_episode_tokens=cfg.agent_max_episode_tokens,
-                               seed=envs.derive_seed(cfg.seed, step, "agent", 0), limits=limits_of(cfg),
-                               stats=timing, thinking=cfg.thinking, **sample_kwargs(cfg))
+    episodes, wave = [], cfg.play_wave or len(specs)   # waves: as many episodes as the memory plan lets decode
+    for k in range(0, len(specs), wave):
+        stats: dict = {}
+        episodes += spade_mini.play(st.model, st.tok, specs[k: k + wave], max_turns=cfg.max_turns,
+                                    max_new_tokens=cfg.agent_max_new_tokens,
+                                    max_episode_tokens=cfg.agent_max_episode_tokens,
+                                    max_observation_tokens=cfg.agent_max_observation_tokens,
+                                    seed=envs.derive_seed(cfg.seed, step, "agent", k // wave), limits=limits_of(cfg),
+                                    stats=stats, thinking=cfg.thinking, **sample_kwargs(cfg))
+        timing = {key: timing.get(key, 0) + value for key, value in stats.items()}
     runs.fault_point("play", step)
     for j, e in enumerate(played):
         e.episodes = [ep for ep in episodes if ep.spec.key[0] == j]
@@ -377,6 +382,7 @@ def phase(bar, clock: dict, name: str):
     t = time.time()
     yield
     clock[f"perf/{name}_s"] = time.time() - t
+    clock.update(models.phase_memory(name))   # CUDA: peak allocated and reserved, then the cache freed
     bar.update()
 
 
@@ -454,11 +460,33 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
     st.memory = envs.Memory(st.run.memory, st.cfg.memory_capacity)
 
 
+def size_to_card(cfg: Config) -> Config:
+    """On CUDA (or with --gpu-gb) the memory plan (runs.plan) picks how many episodes decode together and the
+    micro-batch token budget; a run that cannot fit stops here, in one line, before the model loads."""
+    gpu = cfg.gpu_gb or models.free_gpu_gb()
+    if not gpu:
+        return cfg
+    if cfg.model not in runs.MODEL_SHAPES and not Path(cfg.model).expanduser().is_dir():
+        runs.warn(f"no shape known for {cfg.model}: the run is not sized to the card (spade-mini plan --help)")
+        return cfg
+    plan = runs.plan(cfg, gpu)
+    if not plan["fits"]:
+        worst = max(plan["phases"], key=lambda name: plan["phases"][name]["peak"])
+        raise runs.InputError(f"{cfg.model} does not fit {gpu:.1f} GiB: {worst} needs "
+                              f"{plan['phases'][worst]['peak']:.1f} GiB by the plan (spade-mini plan shows each phase)")
+    g = plan["geometry"]
+    print(f"memory plan: peak {plan['peak_gb']:.1f} of {gpu:.1f} GiB; play in {g['waves']} wave(s) of "
+          f"{g['play_wave']} episodes, token budget {g['token_budget']}", flush=True)
+    return dataclasses.replace(cfg, play_wave=min(cfg.play_wave or g["play_wave"], g["play_wave"]),
+                               token_budget=g["token_budget"])
+
+
 def start(cfg: Config) -> tuple[State, int]:
     """Read every input and load the model, then open (or reopen) the run directory: a bad corpus or folder,
     or a model that cannot load, leaves no run directory behind."""
     cfg = runs.resumed_config(cfg) if cfg.resume else cfg
     runs.check_new_out("" if cfg.resume else cfg.out)
+    cfg = size_to_card(cfg)
     corpus = [] if (cfg.no_corpus or cfg.env_pool) else runs.load_corpus(cfg.corpus or None)
     limits = limits_of(cfg)
     pool = envs.load_folder(cfg.env_pool, "--env-pool", limits, cfg.max_turns)[0] if cfg.env_pool else []

@@ -1,0 +1,177 @@
+"""The memory plan (runs.plan, `spade-mini plan`): its KV-cache and log-prob-chunk bytes equal the tensors the
+engine allocates for a tiny model, exactly; LoRA counts equal what add_lora trains; each preset fits its card;
+training sizes itself from the plan."""
+import json
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+import cli
+import models
+import runs
+import spade_mini as sm
+
+TINY = runs.MODEL_SHAPES["tiny-random"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                      gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    with torch.no_grad():   # no stop bias (models._tiny_random): every reply runs to max_new_tokens
+        model.get_output_embeddings().weight[tok.eos_token_id, 0] = 0.0
+    return model, tok
+
+
+def cache_bytes(cache) -> int:
+    return sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+def test_kv_bytes_per_token_by_hand():
+    # 2 (keys, values) x 2 layers x 2 kv heads x 16 dims x 4 bytes (fp32 on the CPU)
+    assert runs.kv_bytes_per_token(TINY, dtype_bytes=4) == 2 * 2 * 2 * 16 * 4 == 512
+
+
+@pytest.mark.parametrize("rows,lengths,reply,delta,turns", [(1, [5], 3, 0, 1), (3, [17, 9, 4], 4, 6, 2),
+                                                            (5, [30, 2, 11, 8, 19], 2, 3, 3)])
+def test_the_planned_kv_cache_is_the_cache_the_engine_allocates(tiny_model, rows, lengths, reply, delta, turns):
+    """Every row generates `reply` tokens per turn (fewer than the tiny model's replies, so none stops early) and
+    gets a `delta` of the same length between turns: the engine's width is the longest prompt, then per turn the
+    reply and the delta, the shorter rows padded; the cache holds all but the last column."""
+    model, tok = tiny_model
+    seqs = [[1000 + 37 * i + j for j in range(n)] for i, n in enumerate(lengths)]
+    batch, deltas = None, [[] for _ in range(rows)]
+    for turn in range(turns):
+        replies, batch = models.generate_turn(model, tok, list(range(rows)), seqs, batch, deltas, max_new_tokens=reply,
+                                              temperature=0.0, top_p=1.0, top_k=0, seed=turn)
+        assert all(len(r.completion_ids) == reply and not r.finished for r in replies)
+        deltas = [[2000 + j for j in range(delta)] for _ in range(rows)]
+        seqs = [s + r.completion_ids + d for s, r, d in zip(seqs, replies, deltas)]
+    columns = max(lengths) + turns * reply + (turns - 1) * delta - 1
+    assert cache_bytes(batch.cache) == runs.generate_kv_bytes(TINY, rows, columns, dtype_bytes=4)
+
+
+def test_phase_geometry_of_play_is_the_engines_width_formula():
+    cfg = runs.Config(max_turns=3, agent_max_new_tokens=50, agent_max_episode_tokens=400, hint_max_new_tokens=20,
+                      agent_max_observation_tokens=30, envs_per_step=2, plays=3, hinted_plays=1)
+    play = runs.phase_geometry(cfg)["play"]
+    between = 30 + runs.TURN_FRAME_TOKENS
+    assert play["rows"] == 2 * (3 + 1) and play["prompt"] == runs.AGENT_TEMPLATE_TOKENS + 30 + 20
+    assert play["new"] == 3 * 50 + 2 * between and play["between"] == between
+
+
+class VocabBlocks(TorchDispatchMode):
+    """Bytes of every (rows, vocab) tensor an op allocates."""
+
+    def __init__(self, rows: int, vocab: int):
+        super().__init__()
+        self.numel, self.bytes = rows * vocab, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.numel() == self.numel and func is not torch.ops.aten.t.default:
+            self.bytes += out.nbytes
+        return out
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_planned_logprob_chunk_is_what_the_forward_allocates(chunk, dtype):
+    head = torch.nn.Linear(TINY["hidden_size"], TINY["vocab_size"], bias=False).to(dtype)
+    hidden = torch.randn(chunk, TINY["hidden_size"], dtype=dtype)
+    targets = torch.randint(0, TINY["vocab_size"], (chunk,))
+    with torch.no_grad(), VocabBlocks(chunk, TINY["vocab_size"]) as seen:
+        sm._chunk_logprobs(hidden, targets, head, 0.7)
+    assert seen.bytes == runs.logprob_chunk_bytes(TINY, chunk, dtype_bytes=dtype.itemsize)
+
+
+def test_lora_counts_what_add_lora_trains_and_never_the_experts_or_router():
+    shape = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                 mlp_only_layers=[1], vocab_size=256, tie_word_embeddings=False)
+    moe = AutoModelForCausalLM.from_config(Qwen3MoeConfig(**shape))
+    moe = models.add_lora(moe, lora_r=2, lora_alpha=4, lora_dropout=0.0, gradient_checkpointing=False)
+    trained = [n for n, p in moe.named_parameters() if p.requires_grad]
+    assert trained and all(".self_attn." in n for n in trained)   # peft would map dense MLPs onto the experts
+    assert sum(p.numel() for p in moe.parameters() if p.requires_grad) == runs.lora_params(shape, 2)
+
+
+def test_lora_count_of_the_tiny_model(tiny_model):
+    model, _ = tiny_model
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == runs.lora_params(TINY, 4)
+
+
+@pytest.mark.parametrize("preset,gpu_gb", [("4b", 24), ("8b", 48), ("30b-a3b", 80)])
+def test_each_preset_fits_its_card_and_not_one_that_holds_only_its_weights(preset, gpu_gb):
+    cfg = runs.Config(**runs.PRESETS[preset])
+    plan = runs.plan(cfg, gpu_gb)
+    assert plan["fits"] and plan["peak_gb"] <= gpu_gb - runs.CUDA_RESERVE_GB
+    assert set(plan["phases"]) == {"design", "hint", "play", "update"}
+    assert not runs.plan(cfg, plan["phases"]["design"]["weights"] + runs.CUDA_RESERVE_GB + 0.5)["fits"]
+
+
+def test_a_card_too_small_for_all_episodes_plays_in_even_waves():
+    cfg = runs.Config(**runs.PRESETS["4b"])
+    full = runs.plan(cfg, 80)["geometry"]
+    assert full["waves"] == 1 and full["play_wave"] == 32
+    small = runs.plan(cfg, 24)["geometry"]
+    assert small["waves"] >= 2 and small["play_wave"] * small["waves"] >= 32 > small["play_wave"] * (small["waves"] - 1)
+
+
+def test_plan_command_prints_a_table_and_json_whose_last_line_has_the_fields(capsys):
+    assert cli.main(["plan", "--preset", "4b", "--gpu-gb", "24", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"kv_bytes_per_token", "phases", "peak_gb", "fits"} <= set(out) and out["kv_bytes_per_token"] == 147456
+    assert cli.main(["plan", "--preset", "30b-a3b"]) == 0
+    text = capsys.readouterr().out
+    assert "play" in text and "fits" in text and "80" in text
+
+
+def test_plan_of_an_unknown_model_is_a_one_line_error(capsys, tmp_path):
+    assert cli.main(["plan", "--model", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("spade-mini: error:")
+
+
+def test_plan_reads_a_local_config_json(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    assert cli.main(["plan", "--model", str(tmp_path), "--gpu-gb", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["kv_bytes_per_token"] == runs.kv_bytes_per_token(TINY) and out["fits"]
+
+
+TRAIN = dict(model="tiny-random", envs_per_step=2, design_attempts=1, plays=3, hinted_plays=2, max_turns=2,
+             designer_max_new_tokens=24, hint_max_new_tokens=8, agent_max_new_tokens=24, agent_max_episode_tokens=48,
+             doc_words=50)
+
+
+def flags(values: dict) -> list[str]:
+    return [item for k, v in values.items() for item in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def test_training_takes_the_plans_geometry():
+    import train
+    cfg = runs.Config(**runs.PRESETS["4b"], gpu_gb=24)
+    geometry = runs.plan(cfg, 24)["geometry"]
+    sized = train.size_to_card(cfg)
+    assert (sized.play_wave, sized.token_budget) == (geometry["play_wave"], geometry["token_budget"]) == (16, 4096)
+    assert train.size_to_card(runs.Config(**runs.PRESETS["4b"])).play_wave == 0   # the CPU: not sized
+
+
+def test_a_step_played_in_waves_plays_every_episode(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["train", *flags(TRAIN), "--steps", "1", "--out", str(out), "--play-wave", "3"]) == 0
+    logged = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    (window,) = [r for r in logged if r["kind"] == "window"]
+    assert [len(e["unhinted"][0]) for e in window["input"]["envs"]] == [3, 3]
+    assert [len(e["hinted"]) for e in window["input"]["envs"]] == [2, 2]
+
+
+def test_a_run_that_cannot_fit_says_so_in_one_line_before_loading_the_model(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train", *flags(TRAIN), "--out", str(out), "--gpu-gb", "1.001"]) == 2
+    err = capsys.readouterr()
+    assert "does not fit 1.0 GiB" in err.err and len(err.err.strip().splitlines()) == 1
+    assert "spade-mini: tiny-random on" not in err.out and not out.exists()   # the model never loaded
