@@ -531,6 +531,9 @@ FIGURES = [
      "(they carry no gradient)."),
     ("env_stats.png", "Environment statistics", "", ["env/*"], None,
      "One panel per other env/ metric (lines of code, turns, one-turn solves, hint and opening leakage)."),
+    ("memory.png", "GPU memory per phase", "GiB", ["mem/*"], None,
+     "Peak CUDA memory allocated and reserved in each phase (CUDA runs only; the cache is freed between phases). "
+     "Reserved far above allocated means fragmentation; compare with `spade-mini plan`."),
     ("perf.png", "Time and throughput", "", ["perf/*"], None, "One panel per perf/ metric: seconds per phase, "
      "tokens per second, the sandbox's share of play, peak memory."),
     ("other.png", "Everything else logged", "", [], None, "One panel per numeric metric no figure above shows."),

@@ -26,7 +26,7 @@ import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GenerationConfig, GgufConfig,
-                          LlamaConfig, StoppingCriteriaList)
+                          LlamaConfig, StaticCache, StoppingCriteriaList)
 from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
 
 import runs
@@ -372,9 +372,10 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
                               use_cache=True, return_dict_in_generate=True, **knobs)
     criteria = StoppingCriteriaList()
     if static_cache:
-        config.cache_implementation = "static"
-        # cache length in powers of two: HF keeps the largest cache seen, so it settles after a few calls
-        config.max_cache_len = 1 << max(10, math.ceil(math.log2(ids.shape[1] + max_new_tokens)))
+        # cache length in powers of two, a new cache per call: left to HF (cache_implementation="static"), the
+        # largest cache ever seen is kept, so one 8k designer call made every later play call allocate 8k columns
+        length = 1 << max(10, math.ceil(math.log2(ids.shape[1] + max_new_tokens)))
+        cache = StaticCache(config=model.config, max_cache_len=length)
         criteria.append(_DummyRowsDone(n_real, ids.shape[0], model.device))
     devices = [model.device] if model.device.type == "cuda" else []
     was_training = model.training

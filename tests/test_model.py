@@ -454,3 +454,16 @@ def test_nf4_lora_gradients_equal_those_on_the_dequantized_weights_before_and_af
         for name in got:
             err = (got[name] - want[name]).norm() / want[name].norm().clamp(min=1e-12)
             assert err < 1e-4, (when, name, float(err))
+
+
+def test_a_static_cache_is_sized_by_its_own_call_not_the_largest_before(tiny_model):
+    """subtle: HF keeps the largest static cache it has built; a long designer call then made every play call
+    allocate its length (the ratchet)."""
+    model, tok = tiny_model
+    lengths = []
+    for n in (1500, 10):
+        ids, mask = models._left_pad([[1000 + j for j in range(n)]], tok.pad_token_id, n, model.device)  # (1, n)
+        _, cache = models._hf_generate(model, tok, ids, mask, cache=None, n_real=1, max_new_tokens=4, temperature=0.0,
+                                       top_p=1.0, top_k=0, seed=0, static_cache=True)
+        lengths.append(cache.layers[0].keys.shape[2])
+    assert lengths == [2048, 1024]
