@@ -175,3 +175,17 @@ def test_a_run_that_cannot_fit_says_so_in_one_line_before_loading_the_model(tmp_
     err = capsys.readouterr()
     assert "does not fit 1.0 GiB" in err.err and len(err.err.strip().splitlines()) == 1
     assert "spade-mini: tiny-random on" not in err.out and not out.exists()   # the model never loaded
+
+
+def test_the_gpu_step_script_runs_its_dry_run_on_the_cpu():
+    """bench/gpu_step.py is the prepared GPU check (issue 12); its tiny-shape dry run keeps it working here."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "bench" / "gpu_step.py"), "--dry-run"], capture_output=True,
+                          text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result["phases"]) == {"design", "hint", "play", "update"}
+    assert all(p["seconds"] > 0 and p["plan_gb"] > 0 for p in result["phases"].values())
