@@ -9,6 +9,7 @@ spade_mini.play. train.py saves and restores checkpoints here.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -25,8 +26,8 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GenerationConfig, GgufConfig,
-                          LlamaConfig, StaticCache, StoppingCriteriaList)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, CompileConfig, GenerationConfig,
+                          GgufConfig, LlamaConfig, StaticCache, StoppingCriteriaList)
 from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
 
 import runs
@@ -330,6 +331,7 @@ def stop_ids(model, tok) -> set[int]:
 # decode step has the shape (batch, cache length), so both are rounded up to a few buckets; after one compile per
 # bucket, later turns and steps reuse the graphs. play() then re-prefills each turn (no cache reuse across turns).
 STATIC_BATCH_BUCKETS = (1, 4, 16, 64, 256)
+STATIC_COMPILE = dict(fullgraph=False)   # transformers' CompileConfig of the static path (tests: fullgraph, eager)
 STATIC_PROMPT_MULTIPLE = 256  # prompt width rounded up to a multiple of this (extra left padding)
 
 
@@ -376,18 +378,37 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
         # largest cache ever seen is kept, so one 8k designer call made every later play call allocate 8k columns
         length = 1 << max(10, math.ceil(math.log2(ids.shape[1] + max_new_tokens)))
         cache = StaticCache(config=model.config, max_cache_len=length)
+        config.compile_config = CompileConfig(**{k: v for k, v in STATIC_COMPILE.items() if k != "all_devices"})
+        config.compile_config._compile_all_devices = STATIC_COMPILE.get("all_devices")   # CPU tests trace too
         criteria.append(_DummyRowsDone(n_real, ids.shape[0], model.device))
     devices = [model.device] if model.device.type == "cuda" else []
     was_training = model.training
     model.eval()
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache):
             torch.manual_seed(seed)  # subtle: HF samples from the global RNG; fork_rng keeps the caller's intact
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                  stopping_criteria=criteria, **({"cache": cache} if cache is not None else {}))
     finally:
         model.train(was_training)
     return out.sequences, out.cache  # (B, T + N)
+
+
+@contextlib.contextmanager
+def _quantizer_allows_compile(model, static_cache: bool):
+    """subtle: transformers compiles generate's decode step only if the quantizer says it may, and bitsandbytes'
+    4-bit quantizer says no; yet the NF4 + LoRA decode step traces as one graph without a break
+    (tests/test_model.py, fullgraph=True). For a static-cache call the veto is lifted, then restored."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    quantizer = getattr(base, "hf_quantizer", None)
+    lift = static_cache and quantizer is not None and not quantizer.is_compileable
+    if lift:
+        base.hf_quantizer = None
+    try:
+        yield
+    finally:
+        if lift:
+            base.hf_quantizer = quantizer
 
 
 def _completion(tok, prompt: list[int], row: list[int], stops: set[int]) -> Completion:

@@ -467,3 +467,25 @@ def test_a_static_cache_is_sized_by_its_own_call_not_the_largest_before(tiny_mod
                                        top_p=1.0, top_k=0, seed=0, static_cache=True)
         lengths.append(cache.layers[0].keys.shape[2])
     assert lengths == [2048, 1024]
+
+
+def test_the_nf4_lora_decode_step_compiles_as_one_graph_without_recompiles(monkeypatch):
+    """The static path lifts bitsandbytes' no-compile veto: traced here with fullgraph=True (a graph break would
+    raise) on the CPU, the decode step is one graph, gives the eager tokens, and a second call of the same
+    buckets compiles nothing new."""
+    import torch._dynamo
+    model, tok, info = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="nf4",
+                                         gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    assert info["quantized"]
+    prompts = [[1000 + 7 * i + j for j in range(12 + i)] for i in range(3)]
+    gen = dict(max_new_tokens=5, temperature=0.0, top_p=1.0, top_k=0, seed=0)
+    eager = [c.completion_ids for c in models.generate(model, tok, prompts, **gen)]
+    monkeypatch.setattr(models, "STATIC_COMPILE", dict(fullgraph=True, backend="eager", all_devices=True))
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    static = [c.completion_ids for c in models.generate(model, tok, prompts, static_cache=True, **gen)]
+    assert static == eager and counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    models.generate(model, tok, [p[:-1] for p in prompts], static_cache=True, **gen)   # same buckets
+    assert counters["stats"]["unique_graphs"] == 1
+    assert model.get_base_model().hf_quantizer is not None   # the veto is back after the call
