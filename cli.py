@@ -97,8 +97,9 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--designer-reward must be one of {', '.join(regret.DESIGNER_REWARDS)}")
     if cfg.quantize not in ("auto", "none", "nf4"):
         raise InputError("--quantize must be auto, none or nf4")
-    if not (cfg.temperature > 0 and 0 < cfg.top_p <= 1 and cfg.lr > 0 and cfg.call_timeout > 0):
-        raise InputError("--temperature, --lr and --call-timeout must be > 0 and --top-p in (0, 1]")
+    if not (cfg.temperature > 0 and 0 < cfg.top_p <= 1 and cfg.lr > 0 and cfg.call_timeout > 0
+            and cfg.dist_timeout > 0):
+        raise InputError("--temperature, --lr, --call-timeout and --dist-timeout must be > 0 and --top-p in (0, 1]")
     if cfg.hint_temperature < 0:
         raise InputError(f"--hint-temperature must be >= 0 (0 = greedy; got {cfg.hint_temperature})")
     if cfg.plays < 2:
@@ -156,13 +157,16 @@ def cmd_train(explicit: dict) -> int:
             return 0
     else:
         precheck(explicit)
+    import models
     import train
     cfg = config_from_args(explicit)
     if cfg.resume:
         cfg = runs.resumed_config(cfg, keep_steps="steps" not in explicit)
     check_config(train, cfg)
     check_model(cfg.model)
+    models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
     train.train(cfg)
+    models.close_distributed()
     return 0
 
 
@@ -926,6 +930,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(f"spade-mini: error: {err}", file=sys.stderr)
         return 2
+    except runs.PeerError as err:
+        print(f"spade-mini: error: {err}; continue with --resume RUN_DIR", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         hint = "; continue with --resume RUN_DIR" if command == "train" else ""
         print(f"spade-mini: interrupted{hint}", file=sys.stderr)

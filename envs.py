@@ -497,9 +497,11 @@ class Memory:
     """Past environments with their scores, one JSON file, FIFO (oldest dropped beyond capacity)."""
     REQUIRED = ("env_id", "skill", "code", "win_rate", "regret")
 
-    def __init__(self, path: str | Path, capacity: int = 200):
+    def __init__(self, path: str | Path, capacity: int = 200, records: list[dict] | None = None):
+        """records: given (another torchrun rank's), the file is not read."""
         self.path, self.capacity = Path(path), capacity
-        self.records: list[dict] = self._load()[-capacity:] if self.path.exists() else []
+        self.records: list[dict] = (records if records is not None else self._load() if self.path.exists()
+                                    else [])[-capacity:]
 
     @classmethod
     def _check(cls, record) -> None:

@@ -5,12 +5,14 @@ file, the bundled SmolLM2 or a tiny random model for tests, and puts LoRA on eve
 CUDA); one place decides device, dtype and quantization and says why, and gradient checkpointing is proven on
 (a layer runs twice), not assumed. `generate` is one plain HF `generate` over left-padded prompts with an
 explicit seed; `generate_turn` is the rollout engine's fast path, which keeps the KV cache across the turns of
-spade_mini.play. train.py saves and restores checkpoints here.
+spade_mini.play. train.py saves and restores checkpoints here. Last, the torchrun plumbing: which share of a
+step's work is this process's, and the few collectives that make N processes take one optimizer step.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -21,9 +23,11 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, CompileConfig, GenerationConfig,
@@ -123,7 +127,7 @@ def _from_pretrained(path: str, device: str, dtype: torch.dtype, quantized: bool
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16 if device == "cuda" else torch.float32)
-        kwargs["device_map"] = {"": device}
+        kwargs["device_map"] = {"": torch.cuda.current_device() if device == "cuda" else device}  # torchrun: LOCAL_RANK
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if quantized:
         _no_cpu_repack(model)
@@ -176,7 +180,8 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
             "reason": reason, "attn_implementation": attn, "gradient_checkpointing": gradient_checkpointing,
             "trainable_params": trainable, "total_params": sum(p.numel() for p in model.parameters()),
             "load_s": round(time.time() - t0, 2)}
-    print(f"spade-mini: {name} on {device} {info['dtype']} quantized={quantized} attn={attn} ({reason})")
+    if is_main():
+        print(f"spade-mini: {name} on {device} {info['dtype']} quantized={quantized} attn={attn} ({reason})")
     return model, tok, info
 
 
@@ -542,3 +547,141 @@ def load_checkpoint(folder: Path, model, optimizer) -> dict:
         return json.loads((folder / "state.json").read_text())
     except Exception as err:
         raise ValueError(f"checkpoint {folder} is unreadable ({type(err).__name__}: {err})") from err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torchrun: N processes (ranks), each with the whole model (data parallel). Nothing here starts torch.distributed
+# unless torchrun launched the process (WORLD_SIZE > 1); in one process every function below is the identity.
+
+def init_distributed(timeout_s: float) -> None:
+    """Join torchrun's process group: NCCL with the GPU of LOCAL_RANK on CUDA, gloo on the CPU. Every collective
+    waits at most timeout_s; past it (or when a peer is gone) it raises, and `_collective` says so in one line."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def close_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_main() -> bool:
+    """Rank 0: the one process that prints and writes the run directory."""
+    return rank() == 0
+
+
+def my_share(items) -> list:
+    """This rank's items by global index, round-robin: index i belongs to rank i % world_size."""
+    return list(items)[rank()::world_size()]
+
+
+@contextlib.contextmanager
+def _collective(what: str):
+    """A failed collective (a peer died, or none answered within the timeout) becomes one runs.PeerError."""
+    try:
+        yield
+    except RuntimeError as err:     # torch.distributed's DistError and the backends' errors are RuntimeErrors
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise runs.PeerError(f"rank {rank()} of {world_size()}: {what} failed: another rank died or did not "
+                             f"answer within --dist-timeout ({type(err).__name__}: {first})") from err
+
+
+def gather(obj, what: str) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on every rank (pickled; [obj] in one process)."""
+    if world_size() == 1:
+        return [obj]
+    out: list = [None] * world_size()
+    with _collective(f"gathering {what}"):
+        dist.all_gather_object(out, obj)
+    return out
+
+
+def shared(fn, items: list, what: str) -> list:
+    """fn(my share of items) -> one result per item, on every rank, back in the items' global order."""
+    parts = gather(fn(my_share(items)), what)
+    out: list = [None] * len(items)
+    for r, part in enumerate(parts):
+        out[r::len(parts)] = part
+    return out
+
+
+def from_main(obj, what: str):
+    """Rank 0's obj on every rank."""
+    if world_size() == 1:
+        return obj
+    box = [obj if is_main() else None]
+    with _collective(f"receiving {what} from rank 0"):
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def sum_across_ranks(tensors: list[torch.Tensor], what: str) -> None:
+    """In place: each tensor becomes its sum over the ranks (one all-reduce of them flattened together)."""
+    if world_size() == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])  # (N,)
+    with _collective(what):
+        dist.all_reduce(flat)
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
+
+
+def sum_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Each parameter's gradient summed over the ranks: each rank's loss was divided by the GLOBAL sample
+    count, so the sum is the gradient of one process on all samples. A rank without samples adds zeros."""
+    if world_size() == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    sum_across_ranks([p.grad for p in params], "the gradient all-reduce")
+
+
+def sum_totals(totals: dict, device) -> None:
+    """In place: every number of `totals` (a rank's loss and token counts) summed over the ranks."""
+    if world_size() == 1:
+        return
+    keys = sorted(totals)
+    summed = torch.tensor([float(totals[k]) for k in keys], dtype=torch.float64, device=device)  # (K,)
+    sum_across_ranks([summed], "the loss totals")
+    totals.update({k: type(totals[k])(v) for k, v in zip(keys, summed.tolist())})
+
+
+def same_weights_as_main(model, optimizer) -> None:
+    """Every rank starts from rank 0's trainable weights and optimizer state (rank 0 alone read a checkpoint)."""
+    if world_size() == 1:
+        return
+    with _collective("receiving the weights from rank 0"):
+        for p in model.parameters():
+            if p.requires_grad:
+                dist.broadcast(p.data, src=0)
+    blob = io.BytesIO()
+    torch.save(optimizer.state_dict() if is_main() else None, blob)
+    state = torch.load(io.BytesIO(from_main(blob.getvalue(), "the optimizer state")), map_location="cpu",
+                       weights_only=False)
+    optimizer.load_state_dict(state)   # note: moves the state to each parameter's device
+
+
+def timings_across_ranks(clock: dict) -> dict:
+    """perf/* numbers of every rank: the key holds the max over ranks (the slowest sets the pace), key + "_mean"
+    the mean; other keys are the same on every rank and pass through. One process: clock as it is."""
+    if world_size() == 1:
+        return clock
+    perf = {k: v for k, v in clock.items() if k.startswith("perf/") and isinstance(v, (int, float))}
+    ranks = gather(perf, "timings")
+    out = dict(clock)
+    for k in perf:
+        values = [r[k] for r in ranks if k in r]
+        out[k], out[k + "_mean"] = max(values), sum(values) / len(values)
+    return out

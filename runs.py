@@ -103,6 +103,8 @@ class Config:
     eval_every: int = 0                 # steps between held-out evaluations (0 = off; the base model is step -1)
     eval_limit: int = 5                 # reasoning-gym items per category of one in-loop evaluation
     eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
+    # several processes (torchrun; README "Past one GPU")
+    dist_timeout: float = 1800.0        # seconds a process waits for the others at a collective, then the run ends
 
 
 PRESETS = {
@@ -134,6 +136,10 @@ PRESETS = {
 
 class InputError(ValueError):
     """A bad flag, file or run directory: the command line prints it as one line and exits 2."""
+
+
+class PeerError(Exception):
+    """Under torchrun, another process died or stopped answering: the command line prints one line, exits 1."""
 
 
 def warn(message: str) -> None:

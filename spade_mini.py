@@ -320,18 +320,19 @@ def _tensors(part: list[Sample], pad_id: int, device) -> tuple[torch.Tensor, tor
             _right_pad([s.loss_mask for s in part], 0, device))
 
 
-def _old_logprobs(model, samples: list[Sample], *, temperature: float, token_budget: int, pad_id: int,
-                  chunk_size: int) -> list[torch.Tensor]:
-    """Each sample's log-probs (T,) under the weights that sampled it, in eval mode (no dropout, as when it was
-    sampled), taken once before the first of several optimizer steps (the PPO ratio's denominator)."""
+def _old_logprobs(model, samples: list[Sample], wanted: list[int], *, temperature: float, token_budget: int,
+                  pad_id: int, chunk_size: int) -> list[torch.Tensor]:
+    """The log-probs (T,) of samples[i], i in wanted (None elsewhere), under the weights that sampled them, in eval
+    mode (no dropout, as when sampled), taken once before the first of several optimizer steps (the PPO ratio's
+    denominator)."""
     old: list[torch.Tensor] = [None] * len(samples)  # type: ignore[list-item]
     model.eval()
     with torch.no_grad():
-        for batch in micro_batches([len(s.token_ids) for s in samples], token_budget):
-            ids, attn, mask = _tensors([samples[i] for i in batch], pad_id, model.device)  # (b, T)
+        for batch in micro_batches([len(samples[i].token_ids) for i in wanted], token_budget):
+            ids, attn, mask = _tensors([samples[wanted[j]] for j in batch], pad_id, model.device)  # (b, T)
             logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
-            for row, i in enumerate(batch):
-                old[i] = logp[row, : len(samples[i].token_ids)].cpu()
+            for row, j in enumerate(batch):
+                old[wanted[j]] = logp[row, : len(samples[wanted[j]].token_ids)].cpu()
     return old
 
 
@@ -366,33 +367,39 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     """`updates` (K) optimizer steps over the samples. K = 1: ONE step on all of them (the ratio is 1, the clip
     cannot bind). K > 1: the samples are shuffled (by `seed`) into K mini-batches, one step each, against
     log-probs taken once before the first (cleanrl's PPO mini-batches): the ratio moves and the clip binds.
-    Each step's samples go through token-budget micro-batches, gradients accumulated, then norm-clipped."""
+    Each step's samples go through token-budget micro-batches, gradients accumulated, then norm-clipped. Under
+    torchrun each rank takes its share of every step's samples (the same shuffle on every rank), divides by the
+    step's GLOBAL sample count, and the gradients are summed over the ranks before the clip: one process's step."""
     t0 = time.time()
     models.reset_peak_memory(model)
     order = list(range(len(samples)))
     if updates > 1:
         random.Random(seed).shuffle(order)
     shares = [order[k::updates] for k in range(min(updates, len(samples)))] or [[]]   # no samples: a no-op step
-    old = _old_logprobs(model, samples, temperature=temperature, token_budget=token_budget, pad_id=pad_id,
-                        chunk_size=chunk_size) if len(shares) > 1 else None
+    mine = [models.my_share(share) for share in shares]    # this rank's part of each step (all, in one process)
+    old = _old_logprobs(model, samples, sorted(i for part in mine for i in part), temperature=temperature,
+                        token_budget=token_budget, pad_id=pad_id, chunk_size=chunk_size) if len(shares) > 1 else None
     model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     params = [p for p in model.parameters() if p.requires_grad]
     totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "tokens": 0.0, "padded_tokens": 0}
     norms = []
-    for share in shares:
+    for share, own in zip(shares, mine):
         optimizer.zero_grad(set_to_none=True)
-        for batch in micro_batches([len(samples[i].token_ids) for i in share], token_budget):
-            part = [samples[share[j]] for j in batch]
-            _accumulate(model, part, None if old is None else [old[share[j]] for j in batch], len(share), totals,
+        for batch in micro_batches([len(samples[i].token_ids) for i in own], token_budget):
+            part = [samples[own[j]] for j in batch]
+            _accumulate(model, part, None if old is None else [old[own[j]] for j in batch], len(share), totals,
                         temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta,
                         pad_id=pad_id, chunk_size=chunk_size)
+        models.sum_gradients(params)    # torchrun: the gradient of all the step's samples, then clipped
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     seconds = time.time() - t0
+    rate = totals["tokens"] / max(seconds, 1e-9)    # this rank's
+    models.sum_totals(totals, model.device)         # torchrun: the step's loss and token counts over all ranks
     n = max(totals["tokens"], 1.0)
     return {"loss": totals["loss"] / len(shares), "kl": totals["kl_sum"] / n, "clip_frac": totals["clipped_tokens"] / n,
             "grad_norm": sum(norms) / len(norms), "updates": len(shares), "tokens": int(totals["tokens"]),
             "padded_tokens": totals["padded_tokens"], "samples": len(samples), "seconds": seconds,
-            "tokens_per_s": totals["tokens"] / max(seconds, 1e-9),
+            "tokens_per_s": rate,
             "peak_mem_mb": models.peak_memory_mb(model)}

@@ -169,11 +169,12 @@ def env_id(start: int, slot: int, name: str = "") -> str:
 
 def design(st: State, step: int, skills: list[str]) -> list[Design]:
     """Phases 1-3: each slot gets up to `design_attempts` tries, each from a fresh document; every program is
-    validated in the sandbox. Returns every attempt; the valid ones are each slot's environment."""
+    validated in the sandbox. Returns every attempt; the valid ones are each slot's environment. Under torchrun
+    each rank designs its share of the slots, and every rank returns all the attempts."""
     cfg, attempts, filled = st.cfg, [], set()
     use_memory = not (cfg.no_memory or cfg.no_designer_training)
     for attempt in range(cfg.design_attempts):
-        slots = [g for g in range(cfg.envs_per_step) if g not in filled]
+        slots = [g for g in models.my_share(range(cfg.envs_per_step)) if g not in filled]
         if not slots:
             break
         prompts, docs = [], []
@@ -188,7 +189,8 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
                                                cfg.thinking))
             docs.append(doc or "")
         outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.designer_max_new_tokens,
-                                   seed=envs.derive_seed(cfg.seed, step, "designer-sample", attempt),
+                                   seed=envs.derive_seed(cfg.seed, step, "designer-sample",
+                                                         attempt * models.world_size() + models.rank()),
                                    **sample_kwargs(cfg))
         runs.fault_point("generate", step)
         codes = [envs.extract_code(envs.after_thinking(o.text)) for o in outs]
@@ -198,7 +200,7 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
                                    out.prompt_ids, out.completion_ids, out.text, code, verdict))
             if verdict.valid:
                 filled.add(g)
-    return attempts
+    return sorted(sum(models.gather(attempts, "the designs"), []), key=lambda d: (d.attempt, d.slot))
 
 
 def open_window(st: State, step: int) -> Window:
@@ -220,32 +222,41 @@ def open_window(st: State, step: int) -> Window:
             name, code = st.backfill_envs[(step * cfg.envs_per_step + g) % len(st.backfill_envs)]
             played.append(PlayedEnv(env_id(step, g, name), "", code, None, "backfill"))
     folder = st.run.env_dir(step)       # the programs are on disk from the start; scores follow at the end
-    folder.mkdir(parents=True, exist_ok=True)
-    for e in played:
-        runs.write_atomic(folder / f"{e.env_id}.py", e.code)
+    if models.is_main():                # under torchrun rank 0 alone writes the run directory
+        folder.mkdir(parents=True, exist_ok=True)
+        for e in played:
+            runs.write_atomic(folder / f"{e.env_id}.py", e.code)
     return Window(step, length, skills, attempts, played)
 
 
 def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
     """Phase 4: the same model reads each environment's source and writes a short strategy hint (not trained),
-    sampled at --hint-temperature."""
+    sampled at --hint-temperature (under torchrun each rank hints its share of the environments)."""
     cfg = st.cfg
     if not played or cfg.hinted_plays == 0:
         return
-    prompts = [models.chat_ids(st.tok, envs.hint_prompt(e.code), cfg.thinking) for e in played]
-    outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.hint_max_new_tokens,
-                               seed=envs.derive_seed(cfg.seed, step, "hint", 0),
+
+    def hints(mine: list[PlayedEnv]) -> list[str]:
+        prompts = [models.chat_ids(st.tok, envs.hint_prompt(e.code), cfg.thinking) for e in mine]
+        outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.hint_max_new_tokens,
+                               seed=envs.derive_seed(cfg.seed, step, "hint", models.rank()),
                                **{**sample_kwargs(cfg), "temperature": cfg.hint_temperature})
-    runs.fault_point("hint", step)
-    for e, out in zip(played, outs):
-        e.hint = clean_hint(envs.after_thinking(out.text)) or envs.fallback_hint()
+        runs.fault_point("hint", step)
+        return [clean_hint(envs.after_thinking(out.text)) or envs.fallback_hint() for out in outs]
+    for e, hint in zip(played, models.shared(hints, played, "the hints")):
+        e.hint = hint
 
 
 def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dict:
     """Phase 5: every play of every environment still in the window advances together, one generate per turn:
     P unhinted plays with fresh seeds each step, and at the window's first step H hinted ones. Play i with and
-    without the hint shares the environment seed (a paired comparison)."""
-    cfg, specs, timing = st.cfg, [], {}
+    without the hint shares the environment seed (a paired comparison). Under torchrun each rank plays its share
+    of the plays (by global index, the seeds unchanged) and every rank gets all the episodes back.
+
+    subtle: one generate call samples its whole batch from one seed, so each rank's batch takes its own (the
+    rank's index; 0 in one process). The tokens a row samples depend on its batch anyway: N ranks sample other
+    episodes than one process would, greedy ones the same."""
+    cfg, specs, timing = st.cfg, [], {"generate_s": 0.0, "sandbox_s": 0.0, "generated_tokens": 0, "generate_calls": 0}
     for j, e in enumerate(played):
         for i in range(max(cfg.plays, cfg.hinted_plays if hinted else 0)):
             env_seed = envs.derive_seed(cfg.seed, step, "env", j * 1000 + i)
@@ -253,16 +264,18 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, None, (j, False, i)))
             if hinted and i < cfg.hinted_plays:
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, e.hint, (j, True, i)))
-    episodes, wave = [], cfg.play_wave or len(specs)   # waves: as many episodes as the memory plan lets decode
-    for k in range(0, len(specs), wave):
-        stats: dict = {}
-        episodes += spade_mini.play(st.model, st.tok, specs[k: k + wave], max_turns=cfg.max_turns,
-                                    max_new_tokens=cfg.agent_max_new_tokens,
-                                    max_episode_tokens=cfg.agent_max_episode_tokens,
-                                    max_observation_tokens=cfg.agent_max_observation_tokens,
-                                    seed=envs.derive_seed(cfg.seed, step, "agent", k // wave), limits=limits_of(cfg),
-                                    stats=stats, thinking=cfg.thinking, **sample_kwargs(cfg))
-        timing = {key: timing.get(key, 0) + value for key, value in stats.items()}
+    def play_share(mine: list) -> list:   # this rank's plays, in waves of what the memory plan lets decode at once
+        out, wave = [], cfg.play_wave or max(len(mine), 1)
+        for k in range(0, len(mine), wave):
+            stats: dict = {}
+            out += spade_mini.play(
+                st.model, st.tok, mine[k: k + wave], max_turns=cfg.max_turns, max_new_tokens=cfg.agent_max_new_tokens,
+                max_episode_tokens=cfg.agent_max_episode_tokens, max_observation_tokens=cfg.agent_max_observation_tokens,
+                seed=envs.derive_seed(cfg.seed, step, "agent", models.rank() * 1000 + k // wave), limits=limits_of(cfg),
+                stats=stats, thinking=cfg.thinking, **sample_kwargs(cfg))
+            timing.update({key: timing[key] + value for key, value in stats.items()})
+        return out
+    episodes = models.shared(play_share, specs, "the plays")
     runs.fault_point("play", step)
     for j, e in enumerate(played):
         e.episodes = [ep for ep in episodes if ep.spec.key[0] == j]
@@ -304,17 +317,19 @@ def remember(st: State, window: Window) -> None:
     per designed environment (hung ones too, marked: they have scores, and are never shown as positives)."""
     folder = st.run.env_dir(window.start)
     for e in window.envs:
-        runs.write_atomic(folder / f"{e.env_id}.json",
-                          json.dumps(dict(skill=e.skill, origin=e.origin, hint=e.hint, hung=e.hung, **e.stats,
-                                          **{k: v for k, v in e.scores.items() if k != "agent_advantages"}),
-                                     indent=2) + "\n")
+        if models.is_main():            # every rank remembers; rank 0 alone writes
+            runs.write_atomic(folder / f"{e.env_id}.json",
+                              json.dumps(dict(skill=e.skill, origin=e.origin, hint=e.hint, hung=e.hung, **e.stats,
+                                              **{k: v for k, v in e.scores.items() if k != "agent_advantages"}),
+                                         indent=2) + "\n")
         runs.fault_point("memory", window.start + window.length - 1)
         if e.design is None:
             continue                    # pool and backfill environments are not the designer's
         st.memory.add(dict(env_id=e.env_id, file=str(folder / f"{e.env_id}.py"), skill=e.skill, code=e.code,
                            step=window.start, hung=e.hung,
                            **{k: e.scores[k] for k in ("win_rate", "regret", "r_hint", "r_nohint", "w")}))
-    st.memory.save()
+    if models.is_main():
+        st.memory.save()
 
 
 def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
@@ -394,7 +409,7 @@ def self_play_step(st: State, step: int) -> dict:
     cfg, clock, t0, window_records = st.cfg, {}, time.time(), []
     first = st.window is None
     # note: phases done, no ETA (the phases take very different times, so tqdm's estimate would mislead)
-    bar = tqdm(total=5, desc=f"step {step}", leave=False, file=sys.stderr,
+    bar = tqdm(total=5, desc=f"step {step}", leave=False, file=sys.stderr, disable=not models.is_main(),
                bar_format="{desc}: phase {n}/{total} {postfix} [{elapsed}]")
 
     # 1-3. at a window's first step: design environments and validate them in the sandbox (or take a pool's)
@@ -433,10 +448,11 @@ def self_play_step(st: State, step: int) -> dict:
     bar.close()
     clock["perf/step_s"] = time.time() - t0
 
-    runs.log_samples(st.run, step, window, live, first, window_records, cfg.episodes_logged)
+    if models.is_main():
+        runs.log_samples(st.run, step, window, live, first, window_records, cfg.episodes_logged)
     if last:
         st.window = None
-    return runs.step_metrics(step, window, live, first, last, clock)
+    return runs.step_metrics(step, window, live, first, last, models.timings_across_ranks(clock))
 
 
 def save_checkpoint(st: State, step: int) -> None:
@@ -475,8 +491,9 @@ def size_to_card(cfg: Config) -> Config:
         raise runs.InputError(f"{cfg.model} does not fit {gpu:.1f} GiB: {worst} needs "
                               f"{plan['phases'][worst]['peak']:.1f} GiB by the plan (spade-mini plan shows each phase)")
     g = plan["geometry"]
-    print(f"memory plan: peak {plan['peak_gb']:.1f} of {gpu:.1f} GiB; play in {g['waves']} wave(s) of "
-          f"{g['play_wave']} episodes, token budget {g['token_budget']}", flush=True)
+    if models.is_main():
+        print(f"memory plan: peak {plan['peak_gb']:.1f} of {gpu:.1f} GiB; play in {g['waves']} wave(s) of "
+              f"{g['play_wave']} episodes, token budget {g['token_budget']}", flush=True)
     return dataclasses.replace(cfg, play_wave=min(cfg.play_wave or g["play_wave"], g["play_wave"]),
                                token_budget=g["token_budget"])
 
@@ -485,7 +502,8 @@ def start(cfg: Config) -> tuple[State, int]:
     """Read every input and load the model, then open (or reopen) the run directory: a bad corpus or folder,
     or a model that cannot load, leaves no run directory behind."""
     cfg = runs.resumed_config(cfg) if cfg.resume else cfg
-    runs.check_new_out("" if cfg.resume else cfg.out)
+    if models.is_main():                # subtle: another rank may already have created it (it is rank 0's)
+        runs.check_new_out("" if cfg.resume else cfg.out)
     cfg = size_to_card(cfg)
     corpus = [] if (cfg.no_corpus or cfg.env_pool) else runs.load_corpus(cfg.corpus or None)
     limits = limits_of(cfg)
@@ -497,36 +515,61 @@ def start(cfg: Config) -> tuple[State, int]:
         quantize=cfg.quantize, gradient_checkpointing=cfg.gradient_checkpointing, cache_dir=cfg.cache_dir,
         seed=cfg.seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    models.gather(None, "the inputs")   # torchrun: every rank loaded all of them before the run directory opens
+    if not models.is_main():
+        return same_state_as_main(State(cfg, None, model, tok, optimizer, None, corpus, pool, backfill, {}), 0)
     cfg, run, first_step = runs.open_run(cfg)
     if not any("config" in r for r in runs.read_jsonl(run.metrics)):   # the header: resolved config first
-        run.log_metrics({"config": dataclasses.asdict(cfg), "model": info, "sandbox": isolation_report()})
+        run.log_metrics({"config": dataclasses.asdict(cfg), "model": info, "sandbox": isolation_report(),
+                         "world_size": models.world_size()})
     st = State(cfg, run, model, tok, optimizer, envs.Memory(run.memory, cfg.memory_capacity), corpus, pool,
                backfill, {})
     if first_step > 0:
         load_checkpoint(st, run.latest_checkpoint())
         print(f"resumed {run.root} at step {first_step}", flush=True)
+    return same_state_as_main(st, first_step)
+
+
+def same_state_as_main(st: State, first_step: int) -> tuple[State, int]:
+    """torchrun: rank 0 alone opened the run directory and read its checkpoint; every rank takes rank 0's
+    config, step, memory, slow means and open window, LoRA weights and optimizer state (models.py)."""
+    if models.world_size() == 1:
+        return st, first_step
+    main = (st.cfg, first_step, st.memory and st.memory.records, st.mu_slow, st.window and st.window.to_json())
+    cfg, first_step, records, mu_slow, window = models.from_main(main, "the run's state")
+    if not models.is_main():            # the run's paths, never written to from here
+        st.cfg, st.run, st.mu_slow = cfg, runs.Run(cfg.out), mu_slow
+        st.memory = envs.Memory(st.run.memory, cfg.memory_capacity, records)
+        st.window = Window.from_json(window) if window else None
+    models.same_weights_as_main(st.model, st.optimizer)
     return st, first_step
 
 
 def train(cfg: Config) -> Path:
     """Run self-play from step 0 (or the resumed step) to cfg.steps: one metrics record per step, a
-    checkpoint every --checkpoint-every steps and at the end."""
+    checkpoint every --checkpoint-every steps and at the end. Under torchrun (cli.py joins the process group)
+    every rank runs this loop, and rank 0 alone logs, prints and checkpoints."""
     st, first_step = start(cfg)
-    cfg, run = st.cfg, st.run
-    writer = runs.tensorboard_writer(cfg.tensorboard, run)
+    cfg, run, main = st.cfg, st.run, models.is_main()
+    writer = runs.tensorboard_writer(cfg.tensorboard and main, run)
     if cfg.eval_every and first_step == 0:   # the untrained base model, logged as step -1
-        run.log_metrics({"step": -1, **held_out_eval(st)})
+        base = held_out_eval(st)
+        if main:
+            run.log_metrics({"step": -1, **base})
     for step in range(first_step, cfg.steps):
         record = self_play_step(st, step)
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
             record.update(held_out_eval(st))
+        if not main:
+            continue                    # rank 0 alone logs, prints and checkpoints
         run.log_metrics(record)
         runs.fault_point("metrics", step)
         runs.print_step(record)
         runs.log_tensorboard(writer, record, step)
         if (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1:
             save_checkpoint(st, step)
-    runs.print_summary(run)
+    if main:
+        runs.print_summary(run)
     return run.root
 
 
