@@ -90,7 +90,10 @@ def check_config(train, cfg) -> None:
                  "env_memory_mb", "eval_limit", "regen_interval", "updates_per_step"):
         if getattr(cfg, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
-    for name in ("plays", "hinted_plays", "episodes_logged", "kl_beta", "hint_max_new_tokens", "eval_every"):
+    if cfg.agent_max_observation_tokens < 16:
+        raise InputError(f"--agent-max-observation-tokens must be >= 16 (got {cfg.agent_max_observation_tokens})")
+    for name in ("plays", "hinted_plays", "episodes_logged", "kl_beta", "hint_max_new_tokens", "eval_every",
+                 "play_wave", "gpu_gb"):
         if getattr(cfg, name) < 0:
             raise InputError(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.designer_reward not in regret.DESIGNER_REWARDS:
@@ -108,7 +111,8 @@ def check_config(train, cfg) -> None:
                        (cfg.backfill, "--backfill")):
         if path and not Path(path).exists():
             raise InputError(f"{flag}: {path} does not exist")
-    train.active_skills(cfg, 0)  # raises on unknown skill names
+    if train is not None:
+        train.active_skills(cfg, 0)  # raises on unknown skill names
 
 
 def check_model(name: str) -> None:
@@ -194,6 +198,7 @@ def model_config(name: str, cache_dir: str) -> str:
 def cmd_plan(args: dict) -> int:
     as_json = args.pop("json")
     cfg = config_from_args(args)
+    check_config(None, cfg)   # the numbers only: plan never imports torch (nor train, which checks the skills)
     gpu = cfg.gpu_gb or runs.CARDS.get(cfg.preset)
     if not gpu:
         raise InputError(f"--gpu-gb: preset {cfg.preset} names no card; give the GPU's memory in GiB")

@@ -335,13 +335,22 @@ def stop_ids(model, tok) -> set[int]:
 # Static KV cache (opt-in, for CUDA; never measured here -- bench/gpu_bench.py does it on a lent GPU): a compiled
 # decode step has the shape (batch, cache length), so both are rounded up to a few buckets; after one compile per
 # bucket, later turns and steps reuse the graphs. play() then re-prefills each turn (no cache reuse across turns).
-STATIC_BATCH_BUCKETS = (1, 4, 16, 64, 256)
 STATIC_COMPILE = dict(fullgraph=False)   # transformers' CompileConfig of the static path (tests: fullgraph, eager)
-STATIC_PROMPT_MULTIPLE = 256  # prompt width rounded up to a multiple of this (extra left padding)
+_STATIC_CACHES: dict = {}   # (rows, length) -> the StaticCache of that shape, reused until the phase ends
 
 
-def _bucket(n: int, buckets: tuple[int, ...]) -> int:
-    return next((b for b in buckets if b >= n), buckets[-1] * math.ceil(n / buckets[-1]))
+def _static_cache(model, rows: int, length: int) -> StaticCache:
+    """One cache per shape, reset and reused by every call of that shape in a phase: the same tensors, so a
+    compiled (CUDA-graph) decode step is not re-recorded each call; phase_memory drops them at the phase's end.
+
+    subtle: left to HF (cache_implementation="static"), the largest cache ever built is kept: one 8k designer
+    call made every later play call allocate 8k columns (the ratchet)."""
+    cache = _STATIC_CACHES.get((rows, length))
+    if cache is None:
+        cache = _STATIC_CACHES[(rows, length)] = StaticCache(config=model.config, max_cache_len=length)
+    else:
+        cache.reset()
+    return cache
 
 
 class _DummyRowsDone:
@@ -379,10 +388,7 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
                               use_cache=True, return_dict_in_generate=True, **knobs)
     criteria = StoppingCriteriaList()
     if static_cache:
-        # cache length in powers of two, a new cache per call: left to HF (cache_implementation="static"), the
-        # largest cache ever seen is kept, so one 8k designer call made every later play call allocate 8k columns
-        length = 1 << max(10, math.ceil(math.log2(ids.shape[1] + max_new_tokens)))
-        cache = StaticCache(config=model.config, max_cache_len=length)
+        cache = _static_cache(model, ids.shape[0], runs.static_cache_length(ids.shape[1] + max_new_tokens))
         config.compile_config = CompileConfig(**{k: v for k, v in STATIC_COMPILE.items() if k != "all_devices"})
         config.compile_config._compile_all_devices = STATIC_COMPILE.get("all_devices")   # CPU tests trace too
         criteria.append(_DummyRowsDone(n_real, ids.shape[0], model.device))
@@ -433,8 +439,8 @@ def generate(model, tok, prompts: list[list[int]], *, max_new_tokens: int, tempe
         return []
     rows, width = list(prompts), max(len(p) for p in prompts)
     if static_cache:
-        rows += [prompts[0]] * (_bucket(len(prompts), STATIC_BATCH_BUCKETS) - len(prompts))
-        width = STATIC_PROMPT_MULTIPLE * math.ceil(width / STATIC_PROMPT_MULTIPLE)
+        rows += [prompts[0]] * (runs.static_rows(len(prompts)) - len(prompts))
+        width = runs.static_width(width)
     ids, mask = _left_pad(rows, tok.pad_token_id, width, model.device)  # (B, T), (B, T)
     out, _ = _hf_generate(model, tok, ids, mask, cache=None, n_real=len(prompts), max_new_tokens=max_new_tokens,
                           temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, static_cache=static_cache)
@@ -485,9 +491,11 @@ def free_gpu_gb() -> float | None:
 
 def phase_memory(name: str) -> dict:
     """At a phase's end: the peak CUDA memory allocated and reserved since the last call (GiB), then the
-    allocator's cached blocks go back, so one phase's fragments cannot push the next out of memory. {} on CPU.
+    allocator's cached blocks (and the phase's static caches) go back, so one phase's fragments cannot push the
+    next out of memory. {} on CPU.
 
     note: reserved - allocated is the allocator's cache; a large gap before an OOM means fragmentation."""
+    _STATIC_CACHES.clear()
     if not torch.cuda.is_available():
         return {}
     out = {f"mem/{name}_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,

@@ -645,18 +645,55 @@ def phase_geometry(cfg) -> dict:
             "hint": dict(rows=envs_per_step, prompt=HINT_TEMPLATE_TOKENS + cfg.designer_max_new_tokens,
                          new=cfg.hint_max_new_tokens),
             "play": dict(rows=envs_per_step * (cfg.plays + cfg.hinted_plays), prompt=agent_prompt,
-                         new=play_columns - agent_prompt, between=between),
+                         new=play_columns - agent_prompt, between=between, reply=reply),
             "update": dict(longest_sample=max(design_prompt + cfg.designer_max_new_tokens, agent_sample))}
 
 
-def _generate_phase(shape: dict, rows: int, prompt: int, new: int, between: int = 0) -> dict:
+# the static-cache path (--static-cache, models.generate): a compiled decode step has the shape (rows, cache
+# length), so rows, prompt width and cache length are rounded up to a few buckets
+STATIC_BATCH_BUCKETS = (1, 4, 16, 64, 256)
+STATIC_PROMPT_MULTIPLE = 256
+
+
+def static_rows(n: int) -> int:
+    """Rows rounded up to a bucket.
+
+    >>> static_rows(5), static_rows(300)
+    (16, 512)
+    """
+    return next((b for b in STATIC_BATCH_BUCKETS if b >= n), STATIC_BATCH_BUCKETS[-1] * -(-n // STATIC_BATCH_BUCKETS[-1]))
+
+
+def static_width(n: int) -> int:
+    return STATIC_PROMPT_MULTIPLE * -(-n // STATIC_PROMPT_MULTIPLE)
+
+
+def static_cache_length(n: int) -> int:
+    """A power of two, at least 1024.
+
+    >>> static_cache_length(1024), static_cache_length(1025)
+    (1024, 2048)
+    """
+    return 1 << max(10, (n - 1).bit_length())
+
+
+def _generate_phase(shape: dict, rows: int, prompt: int, new: int, between: int = 0, reply: int = 0,
+                    static: bool = False, dtype_bytes: int = 2) -> dict:
     """Bytes of one generate phase: the KV cache at its widest and the largest transient of its forwards
-    (the first prefill, a later turn's prefill of `between` tokens, the last decode step)."""
+    (the first prefill, a later turn's prefill of `between` tokens, the last decode step). static: the
+    bucketed shapes of --static-cache, which re-prefills the whole sequence every turn."""
     columns = prompt + new - 1
-    transient = max(_transient_generate(shape, rows, prompt, prompt),
-                    _transient_generate(shape, rows, between, columns) if between else 0,
-                    _transient_generate(shape, rows, 1, columns))
-    return {"rows": rows, "columns": columns, "kv": generate_kv_bytes(shape, rows, columns), "transient": transient}
+    if static:
+        reply = reply or new
+        rows, columns = static_rows(rows), static_cache_length(static_width(prompt + new - reply) + reply)
+        transient = _transient_generate(shape, rows, static_width(prompt + new - reply), columns, dtype_bytes)
+        return {"rows": rows, "columns": columns, "kv": generate_kv_bytes(shape, rows, columns, dtype_bytes),
+                "transient": transient}
+    transient = max(_transient_generate(shape, rows, prompt, prompt, dtype_bytes),
+                    _transient_generate(shape, rows, between, columns, dtype_bytes) if between else 0,
+                    _transient_generate(shape, rows, 1, columns, dtype_bytes))
+    return {"rows": rows, "columns": columns, "kv": generate_kv_bytes(shape, rows, columns, dtype_bytes),
+            "transient": transient}
 
 
 def _phase_bytes(shape: dict, cfg, geometry: dict, wave: int, token_budget: int) -> dict:
@@ -667,7 +704,7 @@ def _phase_bytes(shape: dict, cfg, geometry: dict, wave: int, token_budget: int)
         g = dict(geometry[name])
         if name == "play":
             g["rows"] = min(wave, g["rows"])
-        out[name] = {"weights": base, "lora": lora, **_generate_phase(shape, **g)}
+        out[name] = {"weights": base, "lora": lora, **_generate_phase(shape, **g, static=cfg.static_cache)}
     tokens = max(token_budget, geometry["update"]["longest_sample"])
     targeted, frozen, _ = _linears(shape)
     out["update"] = {"weights": base, "lora": lora + 4 * lora_params(shape, cfg.lora_r),   # + the gradients
@@ -688,7 +725,7 @@ def plan(cfg, gpu_gb: float, shape: dict | None = None) -> dict:
     rows, wave, budget = geometry["play"]["rows"], geometry["play"]["rows"], cfg.token_budget
     phases = _phase_bytes(shape, cfg, geometry, wave, budget)
     while wave > 1 and phases["play"]["peak"] > usable:
-        wave = min(wave - 1, -(-rows // (-(-rows // wave) + 1)))   # a wave more, the episodes spread evenly
+        wave = min(wave - 1, -(-rows // (-(-rows // wave) + 1)))   # one wave more (train.play_all evens them)
         phases = _phase_bytes(shape, cfg, geometry, wave, budget)
     while budget > max(256, geometry["update"]["longest_sample"]) and phases["update"]["peak"] > usable:
         budget //= 2

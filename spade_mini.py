@@ -88,7 +88,8 @@ def _clip_observation(obs: str, tok, max_tokens: int) -> str:
     obs = obs[:MAX_OBSERVATION_CHARS]
     ids = tok(obs, add_special_tokens=False)["input_ids"]
     if len(ids) > max_tokens:
-        obs, cut = tok.decode(ids[: max(1, max_tokens - 8)]), True   # room for the marker's tokens
+        # room for the marker's tokens; a cut inside a multi-byte character decodes to U+FFFD, dropped
+        obs, cut = tok.decode(ids[: max(1, max_tokens - 8)]).rstrip("\ufffd"), True
     return obs + "\n[observation truncated]" if cut else obs
 
 

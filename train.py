@@ -264,14 +264,15 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, None, (j, False, i)))
             if hinted and i < cfg.hinted_plays:
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, e.hint, (j, True, i)))
-    def play_share(mine: list) -> list:   # this rank's plays, in waves of what the memory plan lets decode at once
-        out, wave = [], cfg.play_wave or max(len(mine), 1)
-        for k in range(0, len(mine), wave):
+    def play_share(mine: list) -> list:   # this rank's plays, in even waves of at most what the memory plan allows
+        out, waves = [], -(-len(mine) // (cfg.play_wave or max(len(mine), 1)))
+        for k in range(waves):
             stats: dict = {}
             out += spade_mini.play(
-                st.model, st.tok, mine[k: k + wave], max_turns=cfg.max_turns, max_new_tokens=cfg.agent_max_new_tokens,
-                max_episode_tokens=cfg.agent_max_episode_tokens, max_observation_tokens=cfg.agent_max_observation_tokens,
-                seed=envs.derive_seed(cfg.seed, step, "agent", models.rank() * 1000 + k // wave), limits=limits_of(cfg),
+                st.model, st.tok, mine[k * len(mine) // waves: (k + 1) * len(mine) // waves], max_turns=cfg.max_turns,
+                max_new_tokens=cfg.agent_max_new_tokens, max_episode_tokens=cfg.agent_max_episode_tokens,
+                max_observation_tokens=cfg.agent_max_observation_tokens, limits=limits_of(cfg),
+                seed=envs.derive_seed(cfg.seed, step, "agent", models.rank() * 1000 + k),
                 stats=stats, thinking=cfg.thinking, **sample_kwargs(cfg))
             timing.update({key: timing[key] + value for key, value in stats.items()})
         return out

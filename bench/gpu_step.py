@@ -145,11 +145,20 @@ def play_phase(model, tok, cfg, rows: int, wave: int, prompt: int):
     return play
 
 
-def update_phase(model, tokens: int):
+def adam_state(model):
+    """The optimizer with its state allocated (one step on zero gradients, no weight decay: nothing moves)."""
     import torch
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return opt
 
+
+def update_phase(model, opt, tokens: int):
     import spade_mini as sm
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     sample = sm.Sample(ids(tokens, 0), [0] * (tokens // 2) + [1] * (tokens - tokens // 2), 1.0, "agent")
     return lambda: sm.update(model, opt, [sample], temperature=0.6, token_budget=tokens, max_grad_norm=1.0)
 
@@ -183,6 +192,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         model, shape = build(cfg, folder)
     no_stop(model)
+    optimizer = adam_state(model)   # a run holds Adam's moments from its first step on; the plan counts them
     fake = SimpleNamespace(pad_token_id=0, eos_token_id=2, decode=lambda ids, **kw: "")  # ids in, ids out
     d, h, p = geometry["design"], geometry["hint"], geometry["play"]
     results = {
@@ -192,7 +202,7 @@ def main() -> None:
                           generate_phase(model, fake, h["rows"], h["prompt"], h["new"])),
         "play": run_phase("play", model, predicted["play"]["peak"],
                           play_phase(model, fake, cfg, p["rows"], wave, p["prompt"])),
-        "update": run_phase("update", model, predicted["update"]["peak"], update_phase(model, tokens)),
+        "update": run_phase("update", model, predicted["update"]["peak"], update_phase(model, optimizer, tokens)),
     }
     report("step_s", round(sum(r["seconds"] for r in results.values()), 1))
     print(json.dumps({"preset": "dry-run" if args.dry_run else args.preset, "phases": results}))

@@ -49,8 +49,24 @@ def test_the_planned_kv_cache_is_the_cache_the_engine_allocates(tiny_model, rows
         assert all(len(r.completion_ids) == reply and not r.finished for r in replies)
         deltas = [[2000 + j for j in range(delta)] for _ in range(rows)]
         seqs = [s + r.completion_ids + d for s, r, d in zip(seqs, replies, deltas)]
-    columns = max(lengths) + turns * reply + (turns - 1) * delta - 1
-    assert cache_bytes(batch.cache) == runs.generate_kv_bytes(TINY, rows, columns, dtype_bytes=4)
+    planned = runs._generate_phase(TINY, rows, max(lengths), turns * reply + (turns - 1) * delta, delta, reply,
+                                   dtype_bytes=4)
+    assert planned["columns"] == max(lengths) + turns * reply + (turns - 1) * delta - 1
+    assert cache_bytes(batch.cache) == planned["kv"] == runs.generate_kv_bytes(TINY, rows, planned["columns"], 4)
+
+
+def test_the_planned_static_cache_is_the_static_cache_generate_builds(tiny_model):
+    """--static-cache rounds rows to a bucket, the prompt to a multiple of 256 and the cache to a power of two."""
+    model, tok = tiny_model
+    for rows, prompt, new in [(3, 40, 4), (5, 300, 6)]:
+        ids, mask = models._left_pad([[1000 + j for j in range(prompt)]] * runs.static_rows(rows), tok.pad_token_id,
+                                     runs.static_width(prompt), model.device)
+        _, cache = models._hf_generate(model, tok, ids, mask, cache=None, n_real=rows, max_new_tokens=new,
+                                       temperature=0.0, top_p=1.0, top_k=0, seed=0, static_cache=True)
+        planned = runs._generate_phase(TINY, rows, prompt, new, static=True, dtype_bytes=4)
+        assert cache_bytes(cache) == planned["kv"] and planned["rows"] == runs.static_rows(rows)
+    models.phase_memory("test")   # the phase's static caches are dropped
+    assert not models._STATIC_CACHES
 
 
 def test_phase_geometry_of_play_is_the_engines_width_formula():
@@ -157,12 +173,21 @@ def test_training_takes_the_plans_geometry():
     geometry = runs.plan(cfg, 24)["geometry"]
     sized = train.size_to_card(cfg)
     assert (sized.play_wave, sized.token_budget) == (geometry["play_wave"], geometry["token_budget"]) == (16, 4096)
-    assert train.size_to_card(runs.Config(**runs.PRESETS["4b"])).play_wave == 0   # the CPU: not sized
 
 
-def test_a_step_played_in_waves_plays_every_episode(tmp_path):
+def test_without_cuda_or_gpu_gb_a_run_is_not_sized(monkeypatch):
+    import train
+    monkeypatch.setattr(models, "free_gpu_gb", lambda: None)
+    assert train.size_to_card(runs.Config(**runs.PRESETS["4b"])).play_wave == 0
+
+
+def test_a_step_played_in_waves_plays_every_episode_in_even_waves(tmp_path, monkeypatch):
+    waves = []
+    play = sm.play
+    monkeypatch.setattr(sm, "play", lambda model, tok, specs, **kw: waves.append(len(specs)) or play(model, tok, specs, **kw))
     out = tmp_path / "run"
     assert cli.main(["train", *flags(TRAIN), "--steps", "1", "--out", str(out), "--play-wave", "3"]) == 0
+    assert waves == [2, 3, 2, 3]   # 10 episodes, at most 3 at once: 4 waves of 2-3 (not 3, 3, 3, 1)
     logged = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     (window,) = [r for r in logged if r["kind"] == "window"]
     assert [len(e["unhinted"][0]) for e in window["input"]["envs"]] == [3, 3]
@@ -189,3 +214,13 @@ def test_the_gpu_step_script_runs_its_dry_run_on_the_cpu():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result["phases"]) == {"design", "hint", "play", "update"}
     assert all(p["seconds"] > 0 and p["plan_gb"] > 0 for p in result["phases"].values())
+
+
+
+def test_an_observation_is_cut_to_its_token_cap_with_a_marker_and_a_short_one_is_untouched(tiny_model):
+    _, tok = tiny_model
+    assert sm._clip_observation("You are in a room.", tok, 16) == "You are in a room."
+    long = "word " * 500
+    cut = sm._clip_observation(long, tok, 32)
+    assert cut.endswith("[observation truncated]") and len(tok(cut, add_special_tokens=False)["input_ids"]) <= 32
+    assert "\ufffd" not in sm._clip_observation("\u732b" * 300, tok, 20)   # no broken character at the cut
