@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import sys
+import sysconfig
 import tempfile
 import time
 from collections import Counter
@@ -35,6 +36,7 @@ import regret
 class Config:
     # run
     preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (PRESETS); flags override
+    setting: str = "games"              # games (text games, \boxed{} actions) | tool_use (tool environments, BFCL style)
     model: str = "smollm2-135m"         # HF id, local dir, .gguf file, smollm2-135m (bundled), tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
     seed: int = 0                       # root of every derived seed
@@ -55,6 +57,7 @@ class Config:
     plays: int = 4                      # P unhinted plays per environment (trained)
     hinted_plays: int = 4               # H hinted plays per environment (never trained)
     max_turns: int = 4                  # turns per episode (environments default to 12; the runner caps)
+    tool_rounds: int = 8                # tool_use: replies per episode that only call tools (they take no turn)
     # generation
     designer_max_new_tokens: int = 512  # tokens for one environment program
     hint_max_new_tokens: int = 96       # tokens for one hint (then cut to 100 words)
@@ -310,15 +313,19 @@ def fault_point(name: str, step: int) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # the grounding corpus
 
-def load_corpus(path: str | Path | None, min_words: int = 150) -> list[str]:
+def load_corpus(path: str | Path | None, min_words: int = 150, setting: str = "games") -> list[str]:
     """Documents for the designer to read, whole (the designer's phase cuts each to --doc-words, once).
 
     None -> real human-written documentation that ships with every machine that has torch: Python's
     `pydoc_data.topics` (the language reference) and sympy's docstrings (sympy comes with torch), those of
-    at least min_words words, in a fixed order. A path -> a SPICE-style jsonl, one {"text" or "orig_doc"}
-    per line; bad lines are skipped with one counted warning.
+    at least min_words words, in a fixed order; for the tool-use setting, code: the sources of Python's own
+    standard-library modules (the paper grounds it in code documents). A path -> a SPICE-style jsonl, one
+    {"text" or "orig_doc"} per line; bad lines are skipped with one counted warning.
     """
-    docs = _bundled_docs(min_words) if path is None else _jsonl_docs(Path(path))
+    if path is None and setting == "tool_use":
+        docs = _stdlib_sources(min_words)
+    else:
+        docs = _bundled_docs(min_words) if path is None else _jsonl_docs(Path(path))
     if not docs:
         raise InputError(f"no usable documents in {path or 'the bundled corpus'}")
     return docs
@@ -337,6 +344,13 @@ def _bundled_docs(min_words: int) -> list[str]:
         doc = None if name.startswith("_") else inspect.getdoc(getattr(sympy, name))
         docs.append(doc or "")
     return [d for d in dict.fromkeys(docs) if len(d.split()) >= min_words]
+
+
+def _stdlib_sources(min_words: int) -> list[str]:
+    """The top-level modules of the local Python's standard library (`<stdlib>/*.py`), in name order."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    return [t for t in texts if len(t.split()) >= min_words]
 
 
 def _jsonl_docs(path: Path) -> list[str]:
