@@ -189,10 +189,11 @@ def _run_tools(eps: list[Episode], procs: list, calling: list[tuple], tok, frame
     return going
 
 
-def _take_replies(eps: list[Episode], active: list[int], replies: list, room: dict) -> list[tuple]:
+def _take_replies(eps: list[Episode], active: list[int], replies: list, room: dict) -> tuple[list, list]:
     """Append each reply (cut to its episode's room) as trained tokens; (episode, reply, action) of the replies
-    to play. A reply without its stop token was cut (turn limit or episode budget): not played."""
-    stepping = []
+    to play, and (episode, reply, tool calls) of the tool-use replies that only call tools. A reply without its
+    stop token was cut (turn limit or episode budget): not played."""
+    stepping, calling = [], []
     for i, reply in zip(active, replies):
         cut = len(reply.completion_ids) > room[i] or not reply.finished
         reply.completion_ids = reply.completion_ids[: room[i]]
@@ -201,8 +202,12 @@ def _take_replies(eps: list[Episode], active: list[int], replies: list, room: di
             _cut(eps[i], reply)
         else:
             text = envs.after_thinking(reply.text)
-            stepping.append((i, reply, text if eps[i].tools is not None else envs.to_action(text)))
-    return stepping
+            calls = envs.parse_tool_calls(text) if eps[i].tools is not None else []
+            if not envs.goes_to_step(text, calls):
+                calling.append((i, reply, calls))
+            else:
+                stepping.append((i, reply, text if eps[i].tools is not None else envs.to_action(text)))
+    return stepping, calling
 
 
 def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens: int, max_episode_tokens: int,
@@ -246,13 +251,10 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
                                           **gen)
             timing["generate_s"] += time.time() - t
             timing["generate_calls"] += 1
-            stepping = _take_replies(eps, active, replies, room)
+            stepping, calling = _take_replies(eps, active, replies, room)
             timing["generated_tokens"] += sum(len(r.completion_ids) for r in replies)
             t = time.time()
-            before = {i: len(eps[i].token_ids) for i, _, _ in stepping}
-            calling = [(i, reply, calls) for i, reply, action in stepping if tool_use
-                       and not envs.goes_to_step(action, calls := envs.parse_tool_calls(action))]
-            stepping = [s for s in stepping if s[0] not in {i for i, _, _ in calling}]
+            before = {i: len(eps[i].token_ids) for i, _, _ in stepping + calling}
             raws = sandbox.call_many([procs[i] for i, _, _ in stepping], "step", [(a,) for _, _, a in stepping])
             active = _drop_hung(eps, sorted([i for (i, reply, action), raw in zip(stepping, raws)
                                       if _advance(eps[i], raw, reply, action, tok, frame,
