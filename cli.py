@@ -390,6 +390,8 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--adapter", default="", help="a checkpoint dir holding adapter_model.safetensors (peft)")
     source.add_argument("--run", default="", help="a run directory: evaluate its latest checkpoint")
+    p.add_argument("--suite", default="reasoning_gym", choices=("reasoning_gym", "bfcl"),
+                   help="reasoning_gym (4 categories) or bfcl (BFCL v4 multi-turn base, from the bfcl-eval package)")
     p.add_argument("--limit", type=int, default=20, help="items PER CATEGORY (4 categories: 4 x limit items)")
     p.add_argument("--seed", type=int, default=0, help="seed of the item set and of the pool's episodes")
     p.add_argument("--max-new-tokens", type=int, default=0,
@@ -456,17 +458,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model, tok = models.load_for_eval(name, adapter, **kwargs)
     except (ValueError, FileNotFoundError) as err:
         raise InputError(f"{err} ({name})") from err
-    result = evaluate.evaluate(model, tok, limit=args.limit, seed=args.seed, max_new_tokens=args.max_new_tokens,
-                               batch_size=args.batch_size, progress=True)
+    if args.suite == "bfcl":
+        try:
+            result = evaluate.bfcl_evaluate(model, tok, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                                            progress=True)
+        except FileNotFoundError as err:
+            raise InputError(str(err)) from err
+    else:
+        result = evaluate.evaluate(model, tok, limit=args.limit, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                                   batch_size=args.batch_size, progress=True)
     if args.env_pool:
         result.update(evaluate.pool_win_rate(model, tok, args.env_pool, plays=args.pool_plays, seed=args.seed,
-                                             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens))
+                                             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                                             setting=args.setting))
     result.update(model=name, adapter=str(adapter) if adapter else None, limit=args.limit, seed=args.seed)
     if args.save:
         runs.write_atomic(args.save, json.dumps(result, indent=2) + "\n")
     for category, s in result["categories"].items():
-        print(f"{category:>12} {s:.3f}  ({evaluate.CATEGORIES[category]}, {args.limit} items)")
-    print(f"{'overall':>12} {result['score']:.3f}  (answered in \\boxed{{}}: {result['answered']:.0%})")
+        print(f"{category:>12} {s:.3f}  ({evaluate.CATEGORIES.get(category, 'bfcl-eval')}, {args.limit} items)")
+    if args.suite == "bfcl":
+        print(f"{'overall':>12} {result['score']:.3f}  (items with a tool call: {result['called']:.0%})")
+    else:
+        print(f"{'overall':>12} {result['score']:.3f}  (answered in \\boxed{{}}: {result['answered']:.0%})")
     if result.get("pool_win_rate") is not None:
         print(f"{'env pool':>12} {result['pool_win_rate']:.3f} win rate over {len(result['pool_envs'])} envs")
     if args.json:
