@@ -96,6 +96,8 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--designer-reward must be one of {', '.join(regret.DESIGNER_REWARDS)}")
     if cfg.setting not in envs.SETTINGS:
         raise InputError(f"--setting must be one of {', '.join(envs.SETTINGS)}")
+    if not set(cfg.eval_suites.split(",")) <= {"reasoning_gym", "bfcl"}:
+        raise InputError(f"--eval-suites: a comma-separated list of reasoning_gym and bfcl (got {cfg.eval_suites})")
     if cfg.tool_rounds < 0:
         raise InputError(f"--tool-rounds must be >= 0 (got {cfg.tool_rounds})")
     if cfg.quantize not in ("auto", "none", "nf4"):

@@ -173,16 +173,22 @@ def pool_win_rate(model, tok, folder: str | Path, *, plays: int = 4, seed: int =
 
 def eval_metrics(model, tok, *, limit: int, seed: int, max_new_tokens: int, env_pool: str = "",
                  pool_plays: int = 4, max_turns: int = 12, max_episode_tokens: int = 2048,
-                 limits: Limits = Limits()) -> dict:
-    """The held-out scores as flat metrics.jsonl keys: eval/score, eval/<category>, eval/answered and, with a
-    pool, eval/pool_win_rate."""
-    result = evaluate(model, tok, limit=limit, seed=seed, max_new_tokens=max_new_tokens)
-    # eval/answered: share of answers in \boxed{} at all -- a small model's first gain is often the format
-    out = {"eval/score": result["score"], **{f"eval/{c}": s for c, s in result["categories"].items()},
-           "eval/answered": result["answered"], "perf/eval_s": result["eval_s"]}
+                 limits: Limits = Limits(), suites: list[str] = ("reasoning_gym",), setting: str = "games") -> dict:
+    """The held-out scores as flat metrics.jsonl keys: eval/score, eval/<category>, eval/answered (suite
+    reasoning_gym), eval/bfcl_multi_turn_base (suite bfcl, `limit` items) and, with a pool, eval/pool_win_rate."""
+    out = {}
+    if "reasoning_gym" in suites:
+        result = evaluate(model, tok, limit=limit, seed=seed, max_new_tokens=max_new_tokens)
+        # eval/answered: share of answers in \boxed{} at all -- a small model's first gain is often the format
+        out = {"eval/score": result["score"], **{f"eval/{c}": s for c, s in result["categories"].items()},
+               "eval/answered": result["answered"], "perf/eval_s": result["eval_s"]}
+    if "bfcl" in suites:
+        result = bfcl_evaluate(model, tok, limit=limit, max_new_tokens=max_new_tokens)
+        out.update({f"eval/{BFCL_CATEGORY}": result["score"], "perf/eval_bfcl_s": result["eval_s"]})
     if env_pool:
         pool = pool_win_rate(model, tok, env_pool, plays=pool_plays, seed=seed, max_turns=max_turns,
-                             max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens, limits=limits)
+                             max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens, limits=limits,
+                             setting=setting)
         out.update({"eval/pool_win_rate": pool["pool_win_rate"], "perf/eval_pool_s": pool["pool_s"]})
     return out
 

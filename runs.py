@@ -101,7 +101,8 @@ class Config:
     tensorboard: bool = False           # also write TensorBoard scalars (imported lazily)
     # held-out evaluation (evaluate.py)
     eval_every: int = 0                 # steps between held-out evaluations (0 = off; the base model is step -1)
-    eval_limit: int = 5                 # reasoning-gym items per category of one in-loop evaluation
+    eval_limit: int = 5                 # reasoning-gym items per category (BFCL: items) of one in-loop evaluation
+    eval_suites: str = "reasoning_gym"  # held-out suites of --eval-every, comma-separated: reasoning_gym, bfcl
     eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
 
 

@@ -505,9 +505,11 @@ def train(cfg: Config) -> Path:
 
 
 def held_out_eval(st: State) -> dict:
-    """eval/score, eval/<category>, eval/answered (and eval/pool_win_rate) of the current weights (evaluate.py)."""
+    """eval/score, eval/<category>, eval/answered (and eval/pool_win_rate, eval/bfcl_multi_turn_base) of the
+    current weights (evaluate.py)."""
     cfg = st.cfg
     return evaluate.eval_metrics(st.model, st.tok, limit=cfg.eval_limit, seed=cfg.seed,
                                  max_new_tokens=evaluate.answer_tokens(cfg.agent_max_new_tokens),
                                  env_pool=cfg.eval_pool, pool_plays=cfg.plays, max_turns=cfg.max_turns,
-                                 max_episode_tokens=cfg.agent_max_episode_tokens, limits=limits_of(cfg))
+                                 max_episode_tokens=cfg.agent_max_episode_tokens, limits=limits_of(cfg),
+                                 suites=cfg.eval_suites.split(","), setting=cfg.setting)

@@ -207,6 +207,14 @@ def test_bfcl_scores_the_ground_truth_1_and_a_wrong_transcript_below_1():
     assert "bfcl_eval" not in sys.modules or "multi_turn_utils" not in str(sys.modules)   # never run here
 
 
+@needs_bfcl
+def test_eval_every_can_include_bfcl(tiny_model):
+    import evaluate
+    model, tok = tiny_model
+    out = evaluate.eval_metrics(model, tok, limit=1, seed=0, max_new_tokens=8, suites=["bfcl"])
+    assert out["eval/bfcl_multi_turn_base"] == 0.0 and "eval/score" not in out   # a random model calls no tool
+
+
 # ----------------------------------------------------------------------------------------------------------
 # the command line and one self-play step
 
