@@ -323,9 +323,24 @@ def check_tool_call(call: dict | str, tools: dict) -> str | None:
         return call
     if call["name"] not in tools:
         return f"Error: unknown tool {call['name']!r}; the tools are: {', '.join(tools)}"
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(tools[call["name"]]["parameters"]).iter_errors(call["arguments"]))
+    # subtle: the schema is the environment's and the arguments the model's; a regex "pattern" of one matched
+    # against the other could backtrack for hours in the trainer, so patterns are left to the environment
+    schema = _without_patterns(tools[call["name"]]["parameters"])
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(call["arguments"]))
     return None if error is None else f"Error: wrong arguments for {call['name']}: {error.message}"[:500]
+
+
+def _without_patterns(schema):
+    """The schema without its regular expressions ("pattern", "patternProperties").
+
+    >>> _without_patterns({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a+)+$"}}})
+    {'type': 'object', 'properties': {'a': {'type': 'string'}}}
+    """
+    if isinstance(schema, list):
+        return [_without_patterns(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {k: _without_patterns(v) for k, v in schema.items() if k not in ("pattern", "patternProperties")}
 
 
 def tool_schemas(tools: dict) -> list[dict]:

@@ -258,3 +258,13 @@ def test_one_tool_use_self_play_step_of_the_tiny_preset(tmp_path):
     assert lines[1]["env/count"] == 2 and lines[1]["skills"][0] in envs.TOOL_SKILLS   # backfilled tool examples
     names = sorted(p.name for p in (tmp_path / "run" / "envs" / "step_00000").glob("*.py"))
     assert names == ["env_00000_00_orders.py", "env_00000_01_smart_home.py"]
+
+
+def test_a_catastrophic_regex_in_a_schema_never_runs_in_the_trainer():
+    """A schema's pattern against the model's argument: (a+)+$ on 'aaaa...!' backtracks for ages if matched."""
+    import time
+    tools = envs.parse_tools({"t": {"description": "", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}}})
+    start = time.time()
+    assert envs.check_tool_call({"name": "t", "arguments": {"s": "a" * 40 + "!"}}, tools) is None
+    assert time.time() - start < 1.0
