@@ -504,7 +504,7 @@ def _bfcl_turn_message(item: dict, turn: int, native: bool) -> dict:
     question = "\n".join(m["content"] for m in item["entry"]["question"][turn] if m["role"] == "user")
     if turn > 0:
         return {"role": "user", "content": question}
-    listed = "" if native else envs._fill("tools_fallback.txt", tools=json.dumps(item["tools"], indent=1))
+    listed = "" if native else envs._fill("tools_fallback.txt", tools=json.dumps(item["tools"]))
     return {"role": "user", "content": envs._fill("bfcl_question.txt", tools=listed, question=question)}
 
 
