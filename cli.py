@@ -98,6 +98,12 @@ def check_config(train, cfg) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(cfg, name)})")
     if cfg.designer_reward not in regret.DESIGNER_REWARDS:
         raise InputError(f"--designer-reward must be one of {', '.join(regret.DESIGNER_REWARDS)}")
+    if cfg.setting not in envs.SETTINGS:
+        raise InputError(f"--setting must be one of {', '.join(envs.SETTINGS)}")
+    if not set(cfg.eval_suites.split(",")) <= {"reasoning_gym", "bfcl"}:
+        raise InputError(f"--eval-suites: a comma-separated list of reasoning_gym and bfcl (got {cfg.eval_suites})")
+    if cfg.tool_rounds < 0:
+        raise InputError(f"--tool-rounds must be >= 0 (got {cfg.tool_rounds})")
     if cfg.quantize not in ("auto", "none", "nf4"):
         raise InputError("--quantize must be auto, none or nf4")
     if not (cfg.temperature > 0 and 0 < cfg.top_p <= 1 and cfg.lr > 0 and cfg.call_timeout > 0
@@ -235,8 +241,9 @@ def read_file(path: str, limit: int = 1_000_000, flag: str = "") -> bytes:
     return p.read_bytes()
 
 
-def cmd_validate(path: str, as_json: bool, timeout: float) -> int:
-    verdict = envs.validate(read_file(path, limit=1 << 40), Limits(call_timeout=timeout))  # bytes: bad UTF-8 is a reason
+def cmd_validate(path: str, as_json: bool, timeout: float, setting: str = "games") -> int:
+    verdict = envs.validate(read_file(path, limit=1 << 40), Limits(call_timeout=timeout),  # bytes: bad UTF-8 is a reason
+                            setting=setting)
     print(f"{path}: {'valid' if verdict.valid else 'rejected'} ({verdict.reason})"
           + (f" class {verdict.class_name}" if verdict.class_name else "")
           + (f": {verdict.detail}" if verdict.detail else ""))
@@ -259,18 +266,40 @@ def typed_action(line: str) -> str:
     return envs.to_action(line) if "\\boxed{" in line else f"\\boxed{{{line}}}"
 
 
+def tool_line(env, line: str, tools: dict) -> str | None:
+    """Tool-use play: a line with <tool_call>s (and no <answer>) runs them in the sandbox, as the rollout
+    engine does, and returns their results; None when the line is an action for step()."""
+    calls = envs.parse_tool_calls(line)
+    if envs.goes_to_step(line, calls):
+        return None
+    results = []
+    for call in calls:
+        error = envs.check_tool_call(call, tools)
+        results.append(error or envs.tool_result(env.call(":tool", call["name"], call["arguments"]))[0])
+    return "\n\n".join(results)
+
+
 def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
-                  limits: Limits = Limits()) -> dict:
+                  limits: Limits = Limits(), setting: str = "games") -> dict:
     """Replay typed actions (one per turn, wrapped as in interactive play) until the episode ends, the actions
     run out or max_turns; for `spade-mini play --actions`. Returns {return, turns, terminated, failure,
-    transcript}; failure is the sandbox's reason (or "contract") when the environment failed."""
+    transcript}; failure is the sandbox's reason (or "contract") when the environment failed. tool_use: a line
+    with tool calls runs them (no turn taken); any other line goes to step() as it is."""
     transcript: list[dict] = []
     last_reward, terminated, failure, turns = None, False, None, 0
     try:
         with envs.open_env(code, max_turns, limits) as env:
             transcript.append({"turn": 0, "observation": envs.parse_reset(env.call("reset", seed))})
-            for turns, text in enumerate(actions[:env.max_turns or max_turns], start=1):
-                action = typed_action(text)
+            tools = envs.parse_tools(env.call(":tools")) if setting == "tool_use" else None
+            for text in actions:
+                if turns >= (env.max_turns or max_turns):
+                    break
+                results = tool_line(env, text, tools) if tools else None
+                if results is not None:
+                    transcript.append({"turn": turns, "tool_calls": text.strip(), "observation": results})
+                    continue
+                turns += 1
+                action = text.strip() if tools else typed_action(text)
                 obs, last_reward, terminated, truncated = envs.parse_step(env.call("step", action))
                 transcript.append({"turn": turns, "action": action, "observation": obs, "reward": last_reward,
                                    "terminated": terminated, "truncated": truncated})
@@ -283,16 +312,18 @@ def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
             "terminated": terminated, "failure": failure, "transcript": transcript}
 
 
-def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: float) -> int:
+def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: float, setting: str = "games") -> int:
     code = read_file(path).decode("utf-8", errors="replace")
     limits = Limits(call_timeout=timeout)
     if actions_file:
         actions = [a for a in read_file(actions_file, flag="--actions").decode(errors="replace").splitlines()
                    if a.strip()]
-        result = play_scripted(code, actions, seed=seed, max_turns=max_turns, limits=limits)
+        result = play_scripted(code, actions, seed=seed, max_turns=max_turns, limits=limits, setting=setting)
         for t in result["transcript"]:
             if "failure" in t:
                 print(f"environment failed: {t['detail']}")
+            elif "tool_calls" in t:
+                print(f"[tools] {t['tool_calls']}\n{t['observation']}")
             elif t["turn"] == 0:
                 print(t["observation"])
             else:
@@ -300,22 +331,32 @@ def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: f
                       f"{', terminated' if t['terminated'] else ''}{', truncated' if t['truncated'] else ''})")
         print(json.dumps({k: result[k] for k in ("return", "turns", "terminated", "failure")}))
         return 1 if result["failure"] else 0
-    return play_interactive(code, seed, max_turns, limits)
+    return play_interactive(code, seed, max_turns, limits, setting)
 
 
-def play_interactive(code: str, seed: int, max_turns: int, limits: Limits) -> int:
-    """A person plays: observation, reward and turn each turn; type an action (\\boxed{} added if missing)."""
+def play_interactive(code: str, seed: int, max_turns: int, limits: Limits, setting: str = "games") -> int:
+    """A person plays: observation, reward and turn each turn; type an action (\\boxed{} added if missing).
+    tool_use: the tools are listed; type <tool_call>{...}</tool_call> lines, then <answer>...</answer>."""
     try:
         with envs.open_env(code, max_turns, limits) as env:
             print(envs.parse_reset(env.call("reset", seed)))
-            for turn in range(1, max_turns + 1):
+            tools = envs.parse_tools(env.call(":tools")) if setting == "tool_use" else None
+            if tools:
+                print(json.dumps(envs.tool_schemas(tools), indent=1))
+            turn = 1
+            while turn <= max_turns:
                 try:
-                    line = input(f"[turn {turn}] action> ").strip()
+                    line = input(f"[turn {turn}] {'reply' if tools else 'action'}> ").strip()
                 except EOFError:
                     break
-                action = typed_action(line)
+                results = tool_line(env, line, tools) if tools else None
+                if results is not None:
+                    print(results)
+                    continue
+                turn += 1
+                action = line if tools else typed_action(line)
                 obs, reward, terminated, truncated = envs.parse_step(env.call("step", action))
-                print(f"{obs}\n(reward {reward}, turn {turn}{', terminated' if terminated else ''}"
+                print(f"{obs}\n(reward {reward}, turn {turn - 1}{', terminated' if terminated else ''}"
                       f"{', truncated' if truncated else ''})")
                 if terminated or truncated:
                     break
@@ -407,6 +448,8 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--adapter", default="", help="a checkpoint dir holding adapter_model.safetensors (peft)")
     source.add_argument("--run", default="", help="a run directory: evaluate its latest checkpoint")
+    p.add_argument("--suite", default="reasoning_gym", choices=("reasoning_gym", "bfcl"),
+                   help="reasoning_gym (4 categories) or bfcl (BFCL v4 multi-turn base, from the bfcl-eval package)")
     p.add_argument("--limit", type=int, default=20, help="items PER CATEGORY (4 categories: 4 x limit items)")
     p.add_argument("--seed", type=int, default=0, help="seed of the item set and of the pool's episodes")
     p.add_argument("--max-new-tokens", type=int, default=0,
@@ -473,17 +516,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model, tok = models.load_for_eval(name, adapter, **kwargs)
     except (ValueError, FileNotFoundError) as err:
         raise InputError(f"{err} ({name})") from err
-    result = evaluate.evaluate(model, tok, limit=args.limit, seed=args.seed, max_new_tokens=args.max_new_tokens,
-                               batch_size=args.batch_size, progress=True)
+    if args.suite == "bfcl":
+        try:
+            result = evaluate.bfcl_evaluate(model, tok, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                                            progress=True)
+        except FileNotFoundError as err:
+            raise InputError(str(err)) from err
+    else:
+        result = evaluate.evaluate(model, tok, limit=args.limit, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                                   batch_size=args.batch_size, progress=True)
     if args.env_pool:
         result.update(evaluate.pool_win_rate(model, tok, args.env_pool, plays=args.pool_plays, seed=args.seed,
-                                             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens))
+                                             max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                                             setting=args.setting))
     result.update(model=name, adapter=str(adapter) if adapter else None, limit=args.limit, seed=args.seed)
     if args.save:
         runs.write_atomic(args.save, json.dumps(result, indent=2) + "\n")
     for category, s in result["categories"].items():
-        print(f"{category:>12} {s:.3f}  ({evaluate.CATEGORIES[category]}, {args.limit} items)")
-    print(f"{'overall':>12} {result['score']:.3f}  (answered in \\boxed{{}}: {result['answered']:.0%})")
+        print(f"{category:>12} {s:.3f}  ({evaluate.CATEGORIES.get(category, 'bfcl-eval')}, {args.limit} items)")
+    if args.suite == "bfcl":
+        print(f"{'overall':>12} {result['score']:.3f}  (items with a tool call: {result['called']:.0%})")
+    else:
+        print(f"{'overall':>12} {result['score']:.3f}  (answered in \\boxed{{}}: {result['answered']:.0%})")
     if result.get("pool_win_rate") is not None:
         print(f"{'env pool':>12} {result['pool_win_rate']:.3f} win rate over {len(result['pool_envs'])} envs")
     if args.json:
@@ -895,6 +949,9 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     for name in ("validate", "play"):
         p[name].add_argument("file", help="a Python file defining a *Env class")
         p[name].add_argument("--timeout", type=positive(float), default=5.0, help="seconds per environment call")
+    for name in ("validate", "play", "eval"):
+        p[name].add_argument("--setting", default="games", choices=envs.SETTINGS,
+                             help="games (\\boxed{} actions) or tool_use (tool environments: <tool_call>, <answer>)")
     p["validate"].add_argument("--json", action="store_true", help="last stdout line is the verdict as JSON")
     p["play"].add_argument("--seed", type=int, default=0, help="reset seed")
     p["play"].add_argument("--actions", default="", help="file with one action per line (non-interactive)")
@@ -908,9 +965,10 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 def run_command(args: dict) -> int:
     command = args.pop("command")
     if command == "validate":
-        return cmd_validate(args["file"], args["json"], args["timeout"])
+        return cmd_validate(args["file"], args["json"], args["timeout"], args["setting"])
     if command == "play":
-        return cmd_play(args["file"], args["seed"], args["actions"], args["max_turns"], args["timeout"])
+        return cmd_play(args["file"], args["seed"], args["actions"], args["max_turns"], args["timeout"],
+                        args["setting"])
     if command == "score":
         return cmd_score(args["file"])
     if command == "eval":

@@ -10,6 +10,11 @@ with its own defaults; the runner then caps max_turns, never raises it),
 `reset(seed) -> (obs, info)` (bare str tolerated), `step(action) -> (obs, reward, terminated, truncated,
 info)` with real bools, optional `solution()`. The same seed must give the same episode. Departures (the
 README's numbered list): 7 and 17, the same-seed check and the two checks by execution.
+
+The tool-use setting (`setting="tool_use"`) keeps that contract and adds `self.tools` (name -> {"description",
+"parameters": JSON Schema}) with one `tool_<name>(**arguments) -> str` per tool: the agent's `<tool_call>`s
+run in the sandbox (parse_tool_calls, check_tool_call), its `<answer>` goes to `step`; `solution()` lists the
+tool calls and ends with the answer.
 """
 import dataclasses
 import hashlib
@@ -24,17 +29,26 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+import jsonschema
+
 import runs
 from sandbox import EnvProcess, Limits, SandboxError
 
 SKILLS = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
           "Pattern Recognition", "Optimization", "Causal Inference")
+TOOL_SKILLS = ("API Orchestration", "Data Retrieval", "State Modification", "Error Recovery", "Tool Selection",
+               "Multi-Step Workflows")
+SETTINGS = ("games", "tool_use")
 PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}")
 CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "step_types", "reward_range",
           "not_trivial", "reset_123", "deterministic", "solvable")
+TOOL_CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "tools", "tools_callable",
+               "step_types", "reward_range", "not_trivial", "reset_123", "deterministic", "solvable")
+PROBE_ANSWER = "<answer>test</answer>"   # the tool-use probe action: after one call of every tool
 VERDICT_REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
                    "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable",
-                   "timeout", "memory", "forbidden", "crash", "not_serializable", "protocol", "bad_reply")
+                   "bad_tools", "tool_error", "timeout", "memory", "forbidden", "crash", "not_serializable",
+                   "protocol", "bad_reply")
 WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
 MAX_CODE_BYTES = 256_000   # the paper's environments are 300-380 lines (~15 kB); megabytes are rejected unread
 REWARD_BOUND = 10.0        # validation: |reward| <= 10 and finite
@@ -175,7 +189,7 @@ def _step(env: EnvProcess, action: str) -> tuple[str, float, bool, bool]:
     return obs, reward, terminated, truncated
 
 
-def _trace(env: EnvProcess, checks: dict[str, bool]) -> list[tuple]:
+def _game_trace(env: EnvProcess, checks: dict[str, bool]) -> list[tuple]:
     """reset(42), then the probe actions: the episode that has to replay identically. A game that the first
     probe already wins is `trivial`."""
     trace: list[tuple] = [(_reset(env, 42),)]
@@ -189,6 +203,150 @@ def _trace(env: EnvProcess, checks: dict[str, bool]) -> list[tuple]:
             trace.append((_reset(env, 42),))
     checks["step_types"] = checks["reward_range"] = checks["not_trivial"] = True
     return trace
+
+
+def _tool_trace(env: EnvProcess, checks: dict[str, bool]) -> list:
+    """reset(42), the tools, one schema-valid call of every tool (none may raise), then the probe answer: the
+    episode that has to replay identically. An answer that already wins after them is `trivial`."""
+    trace: list = [(_reset(env, 42),)]
+    checks["reset_42"] = True
+    try:
+        tools = parse_tools(env.call(":tools"))
+    except (ContractError, SandboxError) as err:
+        if isinstance(err, SandboxError) and err.reason != "error":
+            raise Rejected(err.reason, f"tools: {err.detail}") from None
+        raise Rejected("bad_tools", f"tools: {getattr(err, 'detail', err)}") from None
+    checks["tools"] = True
+    trace.append(tools)
+    for name, spec in tools.items():
+        arguments = sample_arguments(spec["parameters"])
+        output, failed = tool_result(_call(env, "tool", ":tool", name, arguments))
+        if failed:
+            reason = "bad_tools" if output.endswith(": no such tool") else "tool_error"
+            raise Rejected(reason, f"tool_{name}(**{arguments!r}): {output}"[:500])
+        trace.append(output)
+    checks["tools_callable"] = True
+    trace.append(_step(env, PROBE_ANSWER))
+    if trace[-1][2] and trace[-1][1] >= WIN_REWARD:
+        raise Rejected("trivial", f"the probe answer {PROBE_ANSWER!r} already wins")
+    checks["step_types"] = checks["reward_range"] = checks["not_trivial"] = True
+    return trace
+
+
+def parse_tools(raw) -> dict:
+    """The tools of an environment as they come back from the sandbox, checked: each a name that is an
+    identifier -> {"description": str, "parameters": a JSON Schema of type object} (checked against the
+    metaschema by jsonschema). ContractError otherwise.
+
+    >>> parse_tools({"get": {"description": "d", "parameters": {"type": "object", "properties": {}}}})["get"]["description"]
+    'd'
+    """
+    if not (isinstance(raw, dict) and raw):
+        raise ContractError(f"tools must be a non-empty dict of name -> spec, got {_shape(raw)}")
+    for name, spec in raw.items():
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ContractError(f"tool name {name!r} is not an identifier")
+        if not (isinstance(spec, dict) and isinstance(spec.get("description"), str)
+                and isinstance(spec.get("parameters"), dict) and spec["parameters"].get("type") == "object"):
+            raise ContractError(f"tool {name}: needs a description (str) and parameters of type object")
+        try:
+            jsonschema.Draft202012Validator.check_schema(spec["parameters"])
+        except jsonschema.SchemaError as err:
+            raise ContractError(f"tool {name}: parameters is no JSON Schema: {err.message}"[:300]) from None
+    return raw
+
+
+def tool_result(raw) -> tuple[str, bool]:
+    """(output, failed) of a ':tool' reply; ContractError when it is not [str, 0 | 1]."""
+    if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str) and raw[1] in (0, 1)):
+        raise ContractError(f"a tool call must answer [output, returncode], got {_shape(raw)}")
+    return raw[0], raw[1] == 1
+
+
+def sample_arguments(parameters: dict) -> dict:
+    """Schema-valid arguments for a tool: every property, the first enum value or a plain value of its type.
+
+    >>> sample_arguments({"type": "object", "properties": {"n": {"type": "integer"}, "c": {"enum": ["a", "b"]}}})
+    {'n': 1, 'c': 'a'}
+    """
+    plain = {"string": "test", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}, "null": None}
+    out = {}
+    for name, schema in (parameters.get("properties") or {}).items():
+        kind = schema.get("type", "string") if isinstance(schema, dict) else "string"
+        kind = kind[0] if isinstance(kind, list) and kind else kind
+        enum = schema.get("enum") if isinstance(schema, dict) else None
+        out[name] = enum[0] if isinstance(enum, list) and enum else plain.get(kind, "test")
+    return out
+
+
+def parse_tool_calls(reply: str) -> list[dict | str]:
+    """Every <tool_call>...</tool_call> of a reply, in order: {"name", "arguments"} for a call, else the error
+    text the agent gets back (bad JSON, no name, arguments not an object). An unclosed last block counts too.
+
+    >>> parse_tool_calls('<tool_call>{"name": "ls", "arguments": {"d": 1}}</tool_call> <tool_call>{"name": "pwd"}')
+    [{'name': 'ls', 'arguments': {'d': 1}}, {'name': 'pwd', 'arguments': {}}]
+    >>> parse_tool_calls("<tool_call>{ls}</tool_call>"), parse_tool_calls("no call")
+    (['Error: the tool call is not valid JSON: {ls}'], [])
+    """
+    calls: list[dict | str] = []
+    for body in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", reply, flags=re.S):
+        try:
+            call = json.loads(body)
+        except ValueError:
+            calls.append(f"Error: the tool call is not valid JSON: {body.strip()[:200]}")
+            continue
+        arguments = call.get("arguments", {}) if isinstance(call, dict) else None
+        if isinstance(arguments, str):   # some models write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(arguments, dict)):
+            calls.append('Error: a tool call is {"name": <tool name>, "arguments": {...}}')
+            continue
+        calls.append({"name": call["name"], "arguments": arguments})
+    return calls
+
+
+def check_tool_call(call: dict | str, tools: dict) -> str | None:
+    """The error text for a call the environment should not receive (a parse error, an unknown tool,
+    arguments that break its schema, by jsonschema), else None.
+
+    >>> tools = {"ls": {"description": "", "parameters": {"type": "object", "properties": {"d": {"enum": ["a"]}},
+    ...                                                    "required": ["d"]}}}
+    >>> check_tool_call({"name": "ls", "arguments": {"d": "a"}}, tools), check_tool_call({"name": "cd", "arguments": {}}, tools)
+    (None, "Error: unknown tool 'cd'; the tools are: ls")
+    >>> check_tool_call({"name": "ls", "arguments": {}}, tools)
+    "Error: wrong arguments for ls: 'd' is a required property"
+    """
+    if isinstance(call, str):
+        return call
+    if call["name"] not in tools:
+        return f"Error: unknown tool {call['name']!r}; the tools are: {', '.join(tools)}"
+    # subtle: the schema is the environment's and the arguments the model's; a regex "pattern" of one matched
+    # against the other could backtrack for hours in the trainer, so patterns are left to the environment
+    schema = _without_patterns(tools[call["name"]]["parameters"])
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(call["arguments"]))
+    return None if error is None else f"Error: wrong arguments for {call['name']}: {error.message}"[:500]
+
+
+def _without_patterns(schema):
+    """The schema without its regular expressions ("pattern", "patternProperties").
+
+    >>> _without_patterns({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a+)+$"}}})
+    {'type': 'object', 'properties': {'a': {'type': 'string'}}}
+    """
+    if isinstance(schema, list):
+        return [_without_patterns(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {k: _without_patterns(v) for k, v in schema.items() if k not in ("pattern", "patternProperties")}
+
+
+def tool_schemas(tools: dict) -> list[dict]:
+    """The tools as the OpenAI function schemas chat templates take (`apply_chat_template(tools=...)`)."""
+    return [{"type": "function", "function": {"name": name, "description": spec["description"],
+                                              "parameters": spec["parameters"]}} for name, spec in tools.items()]
 
 
 def solution_actions(raw) -> list[str] | None:
@@ -206,15 +364,31 @@ def solution_actions(raw) -> list[str] | None:
     return None
 
 
-def _solvable(code: str, max_turns: int, limits: Limits) -> bool | None:
+def solution_calls(raw) -> list | None:
+    """The plan of a tool environment's solution(): {"name", "arguments"} tool calls ending with an
+    "<answer>...</answer>" string (strings are steps). None when it is no such list.
+
+    >>> solution_calls([{"name": "a", "arguments": {}}, "<answer>3</answer>"]), solution_calls(["3"])
+    ([{'name': 'a', 'arguments': {}}, '<answer>3</answer>'], None)
+    """
+    def is_call(item) -> bool:
+        return isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("arguments"), dict)
+    if not (isinstance(raw, list) and raw and isinstance(raw[-1], str) and "<answer>" in raw[-1]):
+        return None
+    return list(raw) if all(isinstance(item, str) or is_call(item) for item in raw) else None
+
+
+def _solvable(code: str, max_turns: int, limits: Limits, setting: str = "games") -> bool | None:
     """Replay solution() in a fresh instance after reset(42) and after reset(123): it must reach
-    terminated=True with reward >= 0.999 within max_turns. None (skipped) without a usable solution()."""
+    terminated=True with reward >= 0.999 within max_turns (tool calls take no turn). None (skipped) without a
+    usable solution()."""
+    plan_of = solution_calls if setting == "tool_use" else solution_actions
     with open_env(code, max_turns, limits) as env:
         turns = env.max_turns or max_turns
         for seed in (42, 123):
             _reset(env, seed)
             try:
-                actions = solution_actions(env.call("solution"))
+                actions = plan_of(env.call("solution"))
             except SandboxError as err:
                 if err.reason == "error" and err.detail.startswith("AttributeError") and "solution" in err.detail:
                     return None         # no solution() at all
@@ -222,26 +396,32 @@ def _solvable(code: str, max_turns: int, limits: Limits) -> bool | None:
                                f"solution() after reset({seed}): {err.detail}") from None
             if actions is None:
                 return None             # a goal description, or not an action list: nothing to replay
-            won = False
-            for action in actions[:turns]:
+            won, taken = False, 0
+            for action in actions:
+                if isinstance(action, dict):
+                    tool_result(_call(env, "tool", ":tool", action["name"], action["arguments"]))
+                    continue
                 _, reward, terminated, truncated = _step(env, action)
-                won = terminated and reward >= WIN_REWARD
-                if terminated or truncated:
+                won, taken = terminated and reward >= WIN_REWARD, taken + 1
+                if terminated or truncated or taken >= turns:
                     break
             if not won:
                 raise Rejected("unsolvable", f"solution() after reset({seed}) does not win within {turns} turns")
     return True
 
 
-def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int = 12) -> Verdict:
+def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int = 12,
+             setting: str = "games") -> Verdict:
     """Run SPADE's validation checks on a program, all of them inside the sandbox; never raises on bad code.
 
     Order: size/encoding (read, never run) -> compiles -> *Env class -> instantiates (its own defaults, then
     max_turns capped) -> reset(42) -> 3 probe steps (types, reward range; the first must not win) ->
     reset(123) -> the reset(42)+probes episode replayed in the same instance (state kept across resets) and
     in a fresh process (clock, id(), global random) -> solution() replayed after reset(42) and reset(123).
+    tool_use: the probes are one schema-valid call of every tool, then one answer (_tool_trace).
     """
-    checks: dict[str, bool | None] = dict.fromkeys(CHECKS, False)
+    checks: dict[str, bool | None] = dict.fromkeys(TOOL_CHECKS if setting == "tool_use" else CHECKS, False)
+    _trace = _tool_trace if setting == "tool_use" else _game_trace
     class_name = turns = None
     try:
         code = _readable(code)
@@ -258,25 +438,29 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
             if other != first:
                 raise Rejected("nondeterministic", f"reset(42) + probes differ {where}: {_difference(first, other)}")
         checks["deterministic"] = True
-        checks["solvable"] = _solvable(code, max_turns, limits)
+        checks["solvable"] = _solvable(code, max_turns, limits, setting)
     except Rejected as err:
         return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns)
     return Verdict(True, "ok", class_name, checks, max_turns=turns)
 
 
-def validate_many(codes: list[str | None], limits: Limits, max_turns: int) -> list[Verdict]:
+def validate_many(codes: list[str | None], limits: Limits, max_turns: int, setting: str = "games") -> list[Verdict]:
     """validate() of several programs at once (None = no code block); each runs in its own child processes."""
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        return list(pool.map(lambda code: validate(code, limits, max_turns=max_turns), codes))
+        return list(pool.map(lambda code: validate(code, limits, max_turns, setting), codes))
 
 
-def load_folder(folder: str, flag: str, limits: Limits, max_turns: int) -> tuple[list[tuple[str, str]], dict]:
+def load_folder(folder: str, flag: str, limits: Limits, max_turns: int,
+                setting: str = "games") -> tuple[list[tuple[str, str]], dict]:
     """(valid, rejected) of every *.py of a folder (--env-pool, --backfill, --eval-pool): the valid ones as
-    (name, code) sorted by name, the others {name: reason}, each with a warning. InputError if none is valid."""
+    (name, code) sorted by name, the others {name: reason}, each with a warning. InputError if none is valid.
+    tool_use: the folder's tool_use/ subfolder when it has one (so the tiny preset's examples/ serves both)."""
+    if setting == "tool_use" and (Path(folder) / "tool_use").is_dir():
+        folder = str(Path(folder) / "tool_use")
     files = sorted(Path(folder).glob("*.py"))
     codes = [f.read_text(errors="replace") for f in files]
     valid, rejected = [], {}
-    for f, code, verdict in zip(files, codes, validate_many(codes, limits, max_turns)):
+    for f, code, verdict in zip(files, codes, validate_many(codes, limits, max_turns, setting)):
         if verdict.valid:
             valid.append((f.stem, code))
         else:
@@ -413,6 +597,29 @@ def _fill(name: str, **fields: str) -> str:
     return string.Template(_template(name)).substitute(fields)
 
 
+def skills_of(setting: str) -> tuple[str, ...]:
+    return TOOL_SKILLS if setting == "tool_use" else SKILLS
+
+
+def agent_tool_message(obs: str, hint: str | None, tools: dict | None) -> str:
+    """Turn 1 of a tool-use episode (prompts/agent_tools.txt): the environment's first user message, the hint
+    appended as for games, and, only for a chat template that does not render tools itself (tools given),
+    the tools as JSON (prompts/tools_fallback.txt)."""
+    if hint is not None:
+        obs = _fill("agent_hint.txt", obs=obs, hint=hint)
+    listed = "" if tools is None else _fill("tools_fallback.txt", tools=json.dumps(tool_schemas(tools), indent=1))
+    return _fill("agent_tools.txt", obs=obs, tools=listed)
+
+
+def goes_to_step(reply: str, calls: list) -> bool:
+    """A tool-use reply is an action for step() when it holds <answer> or no tool call at all.
+
+    >>> goes_to_step("<answer>done</answer>", []), goes_to_step("thinking", []), goes_to_step("x", ["Error"])
+    (True, True, False)
+    """
+    return "<answer>" in reply or not calls
+
+
 def agent_first_message(obs: str, hint: str | None = None) -> str:
     """Turn 1 of every episode (prompts/agent.txt); a hint is appended to the observation (agent_hint.txt).
 
@@ -433,22 +640,26 @@ def eval_question(question: str) -> str:
     return _fill("eval_question.txt", question=question)
 
 
-def skill_ideas() -> dict[str, str]:
-    """Cold-start concept ideas per skill (prompts/skill_ideas.txt, one `Skill: idea; idea` line each)."""
-    lines = [line.split(":", 1) for line in _template("skill_ideas.txt").splitlines() if ":" in line]
+def skill_ideas(setting: str = "games") -> dict[str, str]:
+    """Cold-start concept ideas per skill (prompts/skill_ideas*.txt, one `Skill: idea; idea` line each)."""
+    name = "skill_ideas_tools.txt" if setting == "tool_use" else "skill_ideas.txt"
+    lines = [line.split(":", 1) for line in _template(name).splitlines() if ":" in line]
     return {name.strip(): ideas.strip() for name, ideas in lines}
 
 
-def designer_prompt(skill: str, document: str | None, positives: list[dict], negative: dict | None) -> str:
+def designer_prompt(skill: str, document: str | None, positives: list[dict], negative: dict | None,
+                    setting: str = "games") -> str:
     """The Environment Designer's prompt: a corpus document as given (the caller cuts it, once, to
     --doc-words), or, None, the cold-start prompt with skill ideas; the contract, a short example environment,
-    and the memory examples."""
-    fields = dict(skill=skill, contract=_template("contract.txt"), example=_template("example_env.txt"),
+    and the memory examples. tool_use: the *_tools.txt / example_tool_env.txt variants."""
+    tools = "_tools" if setting == "tool_use" else ""
+    fields = dict(skill=skill, contract=_template(f"contract{tools}.txt"),
+                  example=_template("example_tool_env.txt" if tools else "example_env.txt"),
                   memory=_memory_block(positives, negative))
     if document is None:
-        return _fill("designer_nocorpus.txt", ideas=skill_ideas().get(skill, "any game that needs " + skill),
-                     **fields)
-    return _fill("designer.txt", document=document, **fields)
+        ideas = skill_ideas(setting).get(skill, "any environment that needs " + skill)
+        return _fill(f"designer{tools}_nocorpus.txt", ideas=ideas, **fields)
+    return _fill(f"designer{tools}.txt", document=document, **fields)
 
 
 def _memory_block(positives: list[dict], negative: dict | None) -> str:
@@ -473,9 +684,10 @@ def fallback_hint() -> str:
     return _template("hint_fallback.txt")
 
 
-def hint_prompt(code: str, max_chars: int = 12_000) -> str:
-    """The self-hint prompt (prompts/hint.txt): read the source, write a 1-3 sentence strategy hint."""
-    return _fill("hint.txt", code=code[:max_chars])
+def hint_prompt(code: str, max_chars: int = 12_000, setting: str = "games") -> str:
+    """The self-hint prompt (prompts/hint.txt): read the source, write a 1-3 sentence strategy hint;
+    tool_use: prompts/hint_tools.txt, procedural and value-free (no ids, names, amounts)."""
+    return _fill("hint_tools.txt" if setting == "tool_use" else "hint.txt", code=code[:max_chars])
 
 
 def truncate_words(text: str, max_words: int) -> str:

@@ -14,6 +14,15 @@ Self-play trains only on environments the model wrote itself, so its progress mu
    definition). Programs that fail envs.validate are skipped and listed.
 3. statistics of the designer's environments, logged at a window's first step: size (lines of code), whether
    the hint or the first observation gives the solution away, and diversity (Vendi score of code n-grams).
+4. BFCL v4 multi-turn base (`--suite bfcl`, the tool-use setting's held-out benchmark): the questions, ground
+   truth, function docs and executable backends ship in the `bfcl-eval` package (installed --no-deps). Each
+   item's user turns are given one at a time; the model calls tools through the chat template (greedy, at most
+   `max_steps` tool replies per turn) and a turn ends at a reply without a tool call. BFCL's executor runs the
+   calls with eval(), so the backends, the execution and BFCL's own `multi_turn_checker` run in a sandboxed
+   child (sandbox.EnvProcess) whose program carries their source text: the trainer never imports bfcl-eval.
+   Score = share of items the checker accepts. Two stand-ins, the same for the model and the ground truth: the
+   `subprocess` import of the file-system backend is an empty module (the sandbox refuses the real one) and
+   MathAPI's `mpmath.log` is `decimal`'s ln at `mp.dps` digits (mpmath is not readable in the sandbox).
 
 A support module (a first read of the method may skip it). Entry points: `evaluate` and `pool_win_rate` (a
 loaded model), `eval_metrics` (flat `eval/...` keys for metrics.jsonl, used by `train --eval-every K`; the
@@ -25,6 +34,8 @@ import math
 import re
 import sys
 import time
+import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +45,7 @@ import reasoning_gym
 import envs
 import models
 import spade_mini
-from sandbox import Limits, SandboxError
+from sandbox import EnvProcess, Limits, SandboxError
 
 # category -> reasoning-gym generator, each with reasoning-gym 0.1.25's default configuration. Chosen because
 # they generate offline in milliseconds and have short answers that fit in \boxed{} (propositional_logic and
@@ -140,16 +151,17 @@ def evaluate(model, tok, *, limit: int, seed: int = 0, max_new_tokens: int = 256
 
 
 def pool_win_rate(model, tok, folder: str | Path, *, plays: int = 4, seed: int = 0, max_turns: int = 12,
-                  max_new_tokens: int = 256, max_episode_tokens: int = 2048, limits: Limits = Limits()) -> dict:
+                  max_new_tokens: int = 256, max_episode_tokens: int = 2048, limits: Limits = Limits(),
+                  setting: str = "games") -> dict:
     """Play every valid environment of `folder` `plays` times without a hint (greedy; the plays differ by
     environment seed). Returns {"pool_win_rate", "pool_return", "pool_envs": {name: win rate}, "pool_skipped"}."""
     t0 = time.time()
-    pool, skipped = envs.load_folder(folder, "--env-pool", limits, max_turns)
+    pool, skipped = envs.load_folder(folder, "--env-pool", limits, max_turns, setting)
     specs = [spade_mini.EpisodeSpec(code, envs.derive_seed(seed, 0, "eval-pool", j * 1000 + i), None, (name, i))
              for j, (name, code) in enumerate(pool) for i in range(plays)]
     episodes = spade_mini.play(model, tok, specs, max_turns=max_turns, max_new_tokens=max_new_tokens,
                                max_episode_tokens=max_episode_tokens, temperature=0.0, top_p=1.0, top_k=0,
-                               seed=seed, limits=limits) if specs else []
+                               seed=seed, limits=limits, setting=setting) if specs else []
     wins: dict[str, list[float]] = {}
     for ep in episodes:
         wins.setdefault(ep.spec.key[0], []).append(float(ep.episode_return > 0))
@@ -161,16 +173,22 @@ def pool_win_rate(model, tok, folder: str | Path, *, plays: int = 4, seed: int =
 
 def eval_metrics(model, tok, *, limit: int, seed: int, max_new_tokens: int, env_pool: str = "",
                  pool_plays: int = 4, max_turns: int = 12, max_episode_tokens: int = 2048,
-                 limits: Limits = Limits()) -> dict:
-    """The held-out scores as flat metrics.jsonl keys: eval/score, eval/<category>, eval/answered and, with a
-    pool, eval/pool_win_rate."""
-    result = evaluate(model, tok, limit=limit, seed=seed, max_new_tokens=max_new_tokens)
-    # eval/answered: share of answers in \boxed{} at all -- a small model's first gain is often the format
-    out = {"eval/score": result["score"], **{f"eval/{c}": s for c, s in result["categories"].items()},
-           "eval/answered": result["answered"], "perf/eval_s": result["eval_s"]}
+                 limits: Limits = Limits(), suites: list[str] = ("reasoning_gym",), setting: str = "games") -> dict:
+    """The held-out scores as flat metrics.jsonl keys: eval/score, eval/<category>, eval/answered (suite
+    reasoning_gym), eval/bfcl_multi_turn_base (suite bfcl, `limit` items) and, with a pool, eval/pool_win_rate."""
+    out = {}
+    if "reasoning_gym" in suites:
+        result = evaluate(model, tok, limit=limit, seed=seed, max_new_tokens=max_new_tokens)
+        # eval/answered: share of answers in \boxed{} at all -- a small model's first gain is often the format
+        out = {"eval/score": result["score"], **{f"eval/{c}": s for c, s in result["categories"].items()},
+               "eval/answered": result["answered"], "perf/eval_s": result["eval_s"]}
+    if "bfcl" in suites:
+        result = bfcl_evaluate(model, tok, limit=limit, max_new_tokens=max_new_tokens)
+        out.update({f"eval/{BFCL_CATEGORY}": result["score"], "perf/eval_bfcl_s": result["eval_s"]})
     if env_pool:
         pool = pool_win_rate(model, tok, env_pool, plays=pool_plays, seed=seed, max_turns=max_turns,
-                             max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens, limits=limits)
+                             max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens, limits=limits,
+                             setting=setting)
         out.update({"eval/pool_win_rate": pool["pool_win_rate"], "perf/eval_pool_s": pool["pool_s"]})
     return out
 
@@ -355,3 +373,198 @@ def zero_variance_fraction(groups: list[list[float]]) -> float:
         return 0.0
     flat = sum(1 for g in groups if len(g) == 0 or max(g) - min(g) <= 1e-12)
     return flat / len(groups)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 4. BFCL v4 multi-turn base: the model calls tools turn by turn; execution and checking run in the sandbox
+
+BFCL_CATEGORY = "bfcl_multi_turn_base"
+_BFCL_BACKENDS = ("long_context", "gorilla_file_system", "math_api", "message_api", "posting_api", "ticket_api",
+                  "trading_bot", "travel_booking", "vehicle_control")
+_BFCL_MODULES = ("constants.executable_backend_config", *(f"eval_checker.multi_turn_eval.func_source_code.{m}"
+                                                          for m in _BFCL_BACKENDS),
+                 "eval_checker.multi_turn_eval.multi_turn_utils", "eval_checker.multi_turn_eval.multi_turn_checker")
+_BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
+
+# The sandboxed program: BFCL's modules installed from their source text, then its executor and its checker.
+_BFCL_PROGRAM = """
+import decimal, sys
+
+SOURCES = __SOURCES__
+
+
+class _MpContext:
+    dps = 15
+
+
+def _mpmath_log(x):
+    return decimal.Decimal(x).ln(decimal.Context(prec=max(1, int(_mpmath.mp.dps))))
+
+
+_mpmath = type(sys)("mpmath")
+_mpmath.mp, _mpmath.log = _MpContext(), _mpmath_log
+
+
+def _install():
+    sys.modules["mpmath"], sys.modules["subprocess"] = _mpmath, type(sys)("subprocess")
+    for name in SOURCES:
+        parts = name.split(".")
+        for k in range(1, len(parts)):
+            sys.modules.setdefault(".".join(parts[:k]), type(sys)(".".join(parts[:k]))).__path__ = []
+    for name, source in SOURCES.items():
+        module = sys.modules[name] = type(sys)(name)
+        exec(compile(source, name, "exec"), module.__dict__)
+
+
+class BfclEnv:
+    def __init__(self, **kwargs):
+        _install()
+
+    def execute(self, calls, entry):
+        run = sys.modules["bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils"].execute_multi_turn_func_call
+        return run(calls, entry["initial_config"], entry["involved_classes"], "spade_mini", entry["id"])[0]
+
+    def check(self, decoded, ground_truth, entry):
+        check = sys.modules["bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"].multi_turn_checker
+        out = check(decoded, ground_truth, entry, "multi_turn_base", "spade_mini")
+        return {"valid": bool(out["valid"]), "error_type": str(out.get("error_type", ""))}
+"""
+
+
+def _bfcl_root() -> Path:
+    spec = importlib.util.find_spec("bfcl_eval")   # found, not imported: the trainer never runs its code
+    if spec is None:
+        raise FileNotFoundError("--suite bfcl needs the bfcl-eval package (pip install --no-deps bfcl-eval)")
+    return Path(spec.submodule_search_locations[0])
+
+
+def bfcl_program() -> str:
+    """The sandbox program that holds BFCL's backends, executor and checker (their source as data)."""
+    root = _bfcl_root()
+    sources = {f"bfcl_eval.{m}": (root / (m.replace(".", "/") + ".py")).read_text() for m in _BFCL_MODULES}
+    return _BFCL_PROGRAM.replace("__SOURCES__", repr(sources))
+
+
+def _json_schema(schema):
+    """BFCL's function-doc types as JSON Schema ("dict" -> "object", "float" -> "number", ...), recursively.
+
+    >>> _json_schema({"type": "dict", "properties": {"x": {"type": "float"}}})
+    {'type': 'object', 'properties': {'x': {'type': 'number'}}}
+    """
+    if isinstance(schema, list):
+        return [_json_schema(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {k: _BFCL_TYPES.get(v, v) if k == "type" and isinstance(v, str) else _json_schema(v)
+            for k, v in schema.items()}
+
+
+def bfcl_items(limit: int) -> list[dict]:
+    """The first `limit` multi-turn base items: {"entry", "ground_truth", "tools" (OpenAI schemas, its classes'
+    functions minus the item's excluded ones)}."""
+    data, docs = _bfcl_root() / "data", {}
+    read = lambda path: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]  # noqa: E731
+    entries = read(data / "BFCL_v4_multi_turn_base.json")[:limit]
+    answers = {a["id"]: a["ground_truth"] for a in read(data / "possible_answer" / "BFCL_v4_multi_turn_base.json")}
+    # note: a dict of file names; bfcl-eval's package __init__ files are empty, so this runs none of its code
+    files = importlib.import_module("bfcl_eval.constants.executable_backend_config").MULTI_TURN_FUNC_DOC_FILE_MAPPING
+    items = []
+    for entry in entries:
+        functions = []
+        for cls in entry["involved_classes"]:
+            if cls not in docs:
+                docs[cls] = read(data / "multi_turn_func_doc" / files[cls])
+            functions += [f for f in docs[cls] if f["name"] not in entry.get("excluded_function", [])]
+        tools = [{"type": "function", "function": {"name": f["name"], "description": f["description"],
+                                                   "parameters": _json_schema(f["parameters"])}} for f in functions]
+        items.append({"entry": entry, "ground_truth": answers[entry["id"]], "tools": tools})
+    return items
+
+
+def _call_string(call: dict) -> str:
+    """A tool call as the Python call text BFCL's executor and checker take.
+
+    >>> _call_string({"name": "cd", "arguments": {"folder": "docs"}})
+    "cd(folder='docs')"
+    """
+    return f"{call['name']}(" + ", ".join(f"{k}={v!r}" for k, v in call["arguments"].items()) + ")"
+
+
+def _bfcl_prompt(tok, messages: list[dict], tools: list[dict], native: bool) -> list[int]:
+    if native:
+        text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    else:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _bfcl_turn_message(item: dict, turn: int, native: bool) -> dict:
+    """The user message of an item's turn: the question, and for turn 0 the instructions (and the tools, for a
+    template that does not render them, models.renders_tools) of prompts/bfcl_question.txt."""
+    question = "\n".join(m["content"] for m in item["entry"]["question"][turn] if m["role"] == "user")
+    if turn > 0:
+        return {"role": "user", "content": question}
+    listed = "" if native else envs._fill("tools_fallback.txt", tools=json.dumps(item["tools"]))
+    return {"role": "user", "content": envs._fill("bfcl_question.txt", tools=listed, question=question)}
+
+
+def bfcl_evaluate(model, tok, *, limit: int, max_new_tokens: int = 256, max_steps: int = 4,
+                  limits: Limits = Limits(call_timeout=60.0, cpu_seconds=300), progress: bool = False) -> dict:
+    """BFCL v4 multi-turn base, the first `limit` items: every item advances together (one greedy generate per
+    round); a reply's tool calls run in the item's sandboxed BFCL program and their results come back as tool
+    messages; a reply without a call ends the turn (so does the max_steps-th tool reply). BFCL's checker then
+    scores the turns' calls. Returns {"score", "categories": {bfcl_multi_turn_base}, "called" (share of items
+    with a call), "n", "eval_s", "items"}."""
+    t0, program, native = time.time(), bfcl_program(), models.renders_tools(tok)
+    items = bfcl_items(limit)
+    procs = [EnvProcess(program, {}, limits) for _ in items]
+    state = [{"messages": [_bfcl_turn_message(it, 0, native)], "turn": 0, "steps": 0, "decoded": [[]]} for it in items]
+    try:
+        while active := [i for i, s in enumerate(state) if s["turn"] < len(items[i]["ground_truth"])]:
+            outs = models.generate(model, tok, [_bfcl_prompt(tok, state[i]["messages"], items[i]["tools"], native)
+                                                for i in active], max_new_tokens=max_new_tokens, temperature=0.0,
+                                   top_p=1.0, top_k=0, seed=0)
+            for i, out in zip(active, outs):
+                _bfcl_advance(items[i], state[i], procs[i], out.text, max_steps, native)
+            if progress:
+                print(f"bfcl: round done, {len(active)} items active ({time.time() - t0:.0f}s)", file=sys.stderr)
+        scores = [_bfcl_check(p, it, s["decoded"]) for p, it, s in zip(procs, items, state)]
+    finally:
+        for p in procs:
+            p.close()
+    details = [{"id": it["entry"]["id"], "valid": v, "error_type": why, "calls": s["decoded"]}
+               for it, s, (v, why) in zip(items, state, scores)]
+    score = sum(v for v, _ in scores) / len(items) if items else 0.0
+    return {"score": score, "categories": {BFCL_CATEGORY: score}, "n": len(items),
+            "called": sum(any(any(step) for step in s["decoded"]) for s in state) / max(len(items), 1),
+            "eval_s": round(time.time() - t0, 2), "items": details}
+
+
+def _bfcl_advance(item: dict, st: dict, proc: EnvProcess, reply: str, max_steps: int, native: bool) -> None:
+    """One reply of an item: run its calls (results as tool messages) or end the turn."""
+    calls = [c for c in envs.parse_tool_calls(envs.after_thinking(reply)) if isinstance(c, dict)]
+    st["messages"].append({"role": "assistant", "content": reply})
+    if calls:
+        strings = [_call_string(c) for c in calls]
+        try:
+            results = proc.call("execute", strings, item["entry"])
+            results = [str(r) for r in results] if isinstance(results, list) else [str(results)]
+        except SandboxError as err:
+            results = [f"Error during execution: {err}"]
+        st["decoded"][-1].append(strings)
+        st["messages"] += [{"role": "tool", "content": r} for r in results]
+        st["steps"] += 1
+    if not calls or st["steps"] >= max_steps:
+        st["turn"], st["steps"] = st["turn"] + 1, 0
+        if st["turn"] < len(item["ground_truth"]):
+            st["decoded"].append([])
+            st["messages"].append(_bfcl_turn_message(item, st["turn"], native))
+
+
+def _bfcl_check(proc: EnvProcess, item: dict, decoded: list) -> tuple[bool, str]:
+    """BFCL's multi_turn_checker on one item's calls, in its sandbox: (valid, error type)."""
+    try:
+        out = proc.call("check", decoded, item["ground_truth"], item["entry"])
+        return out.get("valid") is True, str(out.get("error_type", ""))
+    except (SandboxError, AttributeError) as err:
+        return False, f"sandbox: {err}"[:200]

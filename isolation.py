@@ -754,6 +754,8 @@ def _child_load(code: str, kwargs: dict, max_turns_cap):
         if failure:
             return _child_fail(*failure), None
         module.__dict__[name] = value if attr is None else getattr(value, attr)
+    if "ToolUseBaseEnv" in module_code.co_names:   # the official tool-use environments subclass it unimported
+        module.__dict__["ToolUseBaseEnv"] = _child_tool_base()
     _, failure = _child_run(exec, (module_code, module.__dict__), "init_error")
     if failure:
         return _child_fail(*failure), None
@@ -777,10 +779,12 @@ def _child_load(code: str, kwargs: dict, max_turns_cap):
 
 
 def _child_call(env, method: str, args: list, max_bytes: int) -> dict:
-    """env.method(*args) as a reply holding a copy of the result made of plain JSON types."""
+    """env.method(*args) as a reply holding a copy of the result made of plain JSON types. Two names that are no
+    Python identifier are the tool-use setting's operations: ':tools' reads env.tools, ':tool' runs a tool call."""
     if method.startswith("_"):
         return _child_fail("error", f"AttributeError: private method {method!r}")
-    value, failure = _child_run(lambda: getattr(env, method)(*args), (), "error")
+    ops = {":tools": lambda: env.tools, ":tool": lambda: _child_tool(env, *args)}
+    value, failure = _child_run(ops.get(method) or (lambda: getattr(env, method)(*args)), (), "error")
     if failure:
         return _child_fail(*failure)
     budget = [max_bytes]
@@ -788,6 +792,107 @@ def _child_call(env, method: str, args: list, max_bytes: int) -> dict:
     if failure and failure[0] == "not_serializable" and budget[0] < 0:
         failure = ("too_large", f"result larger than {max_bytes} bytes")
     return _child_fail(*failure) if failure else {"ok": True, "value": plain}
+
+
+def _child_tool(env, name, arguments) -> list:
+    """A tool call, env.tool_<name>(**arguments), as [output text, returncode] the way the official base class's
+    execute_tool answers: an exception inside the tool is the output "Error calling <name>: <exception>" with
+    returncode 1, so a wrong call is the agent's error to read, never the environment's failure. A result that
+    is not a str is shown as JSON (dict, list) or str()."""
+    import json
+    method = getattr(env, "tool_" + name, None) if type(name) is str and name.isidentifier() else None
+    if method is None or not callable(method):
+        return [f"Error calling {name}: no such tool", 1]
+    if type(arguments) is not dict:
+        return [f"Error calling {name}: arguments must be an object", 1]
+    value, failure = _child_run(lambda: method(**arguments), (), "error")
+    if failure and failure[0] == "memory":
+        raise MemoryError
+    if failure:
+        return [f"Error calling {name}: {failure[1]}", 1]
+    if type(value) is str:
+        return [value, 0]
+    return [json.dumps(value) if type(value) in (dict, list) else str(value), 0]
+
+
+def _child_tool_base():
+    """ToolUseBaseEnv, the base class the official code's tool-use environments subclass without importing it
+    (the loader injects it), written from its described behaviour (SPADE_METHOD.md, "The tool-use setting"):
+    tools in `_tools`, state in `_state`, user instructions revealed one at a time, each complete when its
+    predicate over `_state` in `_message_criteria` holds; `<answer>...</answer>` goes to step()."""
+    import re
+
+    class ToolUseBaseEnv:
+        def __init__(self, max_turns=10, **kwargs):
+            self.max_turns, self.turn_count = max_turns, 0
+            self._tools, self._state, self._call_history, self._expected_answer = {}, {}, [], None
+            self._user_messages, self._message_criteria, self._current_msg = [], [], 0
+            self.reset()
+
+        def reset(self, seed=None):
+            raise NotImplementedError("a ToolUseBaseEnv subclass defines reset()")
+
+        @property
+        def tools(self):   # spade-mini's duck-typed contract reads env.tools
+            return self._tools
+
+        def get_tools(self):
+            """_tools as OpenAI function schemas."""
+            return [{"type": "function", "function": {"name": name, "description": spec.get("description", ""),
+                                                      "parameters": spec.get("parameters", {})}}
+                    for name, spec in self._tools.items()]
+
+        def execute_tool(self, name, args):
+            self._call_history.append({"name": name, "arguments": args})
+            try:
+                return {"output": str(getattr(self, "tool_" + name)(**args)), "returncode": 0}
+            except Exception as exc:
+                return {"output": f"Error calling {name}: {exc}", "returncode": 1}
+
+        def _steps_done(self):
+            return self._current_msg >= len(self._user_messages)
+
+        def _advance_if_done(self):
+            """What every tool appends to its result: the next instruction once the current one is complete."""
+            if not self._user_messages or self._steps_done():
+                return ""
+            if not self._message_criteria[self._current_msg](self._state):
+                return ""
+            self._current_msg += 1
+            if self._steps_done():
+                return "\n[ALL STEPS COMPLETE] Submit <answer>done</answer>."
+            return (f"\n[STEP {self._current_msg} COMPLETE \u2014 NEW INSTRUCTION] "
+                    f"{self._user_messages[self._current_msg]}")
+
+        def _check_answer(self, answer):
+            """Case-insensitive exact match, or numbers within 0.01 once $ and , are stripped."""
+            expected = self._expected_answer
+            if expected is None and self._user_messages:
+                expected = "done"
+            given, wanted = str(answer).strip().lower(), str(expected).strip().lower()
+            if given == wanted:
+                return True
+            try:
+                return abs(float(re.sub(r"[$,]", "", given)) - float(re.sub(r"[$,]", "", wanted))) <= 0.01
+            except ValueError:
+                return False
+
+        def step(self, action):
+            self.turn_count += 1
+            truncated = self.turn_count >= self.max_turns
+            found = re.search(r"<answer>(.*?)</answer>", str(action), flags=re.S)
+            if found is None:
+                return ("Format error: call a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}"
+                        "</tool_call> or give your final answer as <answer>...</answer>.", -0.1, False, truncated, {})
+            if self._user_messages and not self._steps_done():
+                k = self._current_msg
+                return (f"Not accepted: step {k + 1} of {len(self._user_messages)} is not complete yet: "
+                        f"{self._user_messages[k]}", 0.0, False, truncated, {})
+            if self._check_answer(found.group(1)):
+                return "Correct!", 1.0, True, False, {}
+            return "Incorrect answer.", 0.0, False, truncated, {}
+
+    return ToolUseBaseEnv
 
 
 def _child_plain(value, budget: list, depth: int):
@@ -823,7 +928,7 @@ def _child_plain(value, budget: list, depth: int):
 
 _CHILD_FUNCTIONS = (_child_main, _child_seccomp, _child_watchdog, _child_rules, _child_hook, _child_realpath,
                     _child_serve, _child_read, _child_fail, _child_run, _child_prelude, _child_game_class, _child_load,
-                    _child_call, _child_plain)
+                    _child_call, _child_tool, _child_tool_base, _child_plain)
 _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
     "\nimport json, sys\n_child_main(json.loads(sys.argv[1]))\n"
 

@@ -275,30 +275,53 @@ def load_for_eval(name: str, adapter: Path | None, merge: bool = True, **load_kw
 # cut after the stop token; the rollout engine's KV-cache reuse across turns (generate_turn); optional static-
 # cache shape buckets
 
-def chat_ids(tok, user_text: str, thinking: bool = False) -> list[int]:
-    """Token ids of a one-message conversation in the tokenizer's own chat template, ready to generate.
+def chat_ids(tok, user_text: str, thinking: bool = False, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of a one-message conversation in the tokenizer's own chat template, ready to generate; tools
+    (OpenAI function schemas) go to the template's own tool block.
 
     note: the template text is tokenized with add_special_tokens=False: templates write BOS themselves.
     note: enable_thinking reaches every template; hybrid ones (Qwen3-8B) think unless it is False, the others
     ignore it.
     """
     text = tok.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
-                                   add_generation_prompt=True, enable_thinking=thinking)
+                                   add_generation_prompt=True, enable_thinking=thinking,
+                                   **({"tools": tools} if tools else {}))
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-_PROBE_REPLY, _PROBE_OBS = "\x01REPLY\x01", "\x01OBSERVATION\x01"
+_PROBE_REPLY, _PROBE_OBS, _PROBE_TOOL = "\x01REPLY\x01", "\x01OBSERVATION\x01", "probe_tool_e7f3"
+_WARNED: set = set()
 
 
-def turn_frame(tok, thinking: bool = False) -> tuple[str, str]:
-    """(close, open): the template text after an assistant reply and before the next reply, around an observation.
+def renders_tools(tok) -> bool:
+    """Whether the chat template shows `tools=` at all (Qwen3's does; SmolLM2's ignores it). When it does not,
+    the tool-use setting lists the tools in the first user message instead, and says so here once."""
+    tools = [{"type": "function", "function": {"name": _PROBE_TOOL, "description": "",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    native = _PROBE_TOOL in tok.apply_chat_template([{"role": "user", "content": "u"}], tokenize=False,
+                                                   add_generation_prompt=True, tools=tools)
+    if not native and "tools" not in _WARNED:
+        _WARNED.add("tools")
+        runs.warn("this chat template ignores tools=; the tools are listed in the first user message instead "
+                  "(prompts/tools_fallback.txt)")
+    return native
+
+
+def turn_frame(tok, thinking: bool = False, role: str = "user") -> tuple[str, str]:
+    """(close, open): the template text after an assistant reply and before the next reply, around an observation
+    (role "user") or a tool result (role "tool"; a template that refuses the role frames it as "user").
 
     Found by rendering a probe conversation with marker strings, so it holds for any template that inserts
     message contents verbatim (ChatML/SmolLM2, Qwen, Llama 3, ...).
     """
     msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_REPLY},
-            {"role": "user", "content": _PROBE_OBS}]
-    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
+            {"role": role, "content": _PROBE_OBS}]
+    try:
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
+    except Exception:   # jinja2's TemplateError: this template knows no such role
+        if role == "user":
+            raise
+        return turn_frame(tok, thinking)
     after_reply = text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):]
     close, open_ = after_reply.split(_PROBE_OBS)
     return close, open_

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import sys
+import sysconfig
 import tempfile
 import time
 from collections import Counter
@@ -35,6 +36,7 @@ import regret
 class Config:
     # run
     preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (PRESETS); flags override
+    setting: str = "games"              # games (text games, \boxed{} actions) | tool_use (tool environments, BFCL style)
     model: str = "smollm2-135m"         # HF id, local dir, .gguf file, smollm2-135m (bundled), tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
     seed: int = 0                       # root of every derived seed
@@ -55,6 +57,7 @@ class Config:
     plays: int = 4                      # P unhinted plays per environment (trained)
     hinted_plays: int = 4               # H hinted plays per environment (never trained)
     max_turns: int = 4                  # turns per episode (environments default to 12; the runner caps)
+    tool_rounds: int = 8                # tool_use: replies per episode that only call tools (they take no turn)
     # generation
     designer_max_new_tokens: int = 512  # tokens for one environment program
     hint_max_new_tokens: int = 96       # tokens for one hint (then cut to 100 words)
@@ -101,7 +104,8 @@ class Config:
     tensorboard: bool = False           # also write TensorBoard scalars (imported lazily)
     # held-out evaluation (evaluate.py)
     eval_every: int = 0                 # steps between held-out evaluations (0 = off; the base model is step -1)
-    eval_limit: int = 5                 # reasoning-gym items per category of one in-loop evaluation
+    eval_limit: int = 5                 # reasoning-gym items per category (BFCL: items) of one in-loop evaluation
+    eval_suites: str = "reasoning_gym"  # held-out suites of --eval-every, comma-separated: reasoning_gym, bfcl
     eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
     # several processes (torchrun; README "Past one GPU")
     dist_timeout: float = 1800.0        # seconds a process waits for the others at a collective, then the run ends
@@ -320,15 +324,19 @@ def fault_point(name: str, step: int) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # the grounding corpus
 
-def load_corpus(path: str | Path | None, min_words: int = 150) -> list[str]:
+def load_corpus(path: str | Path | None, min_words: int = 150, setting: str = "games") -> list[str]:
     """Documents for the designer to read, whole (the designer's phase cuts each to --doc-words, once).
 
     None -> real human-written documentation that ships with every machine that has torch: Python's
     `pydoc_data.topics` (the language reference) and sympy's docstrings (sympy comes with torch), those of
-    at least min_words words, in a fixed order. A path -> a SPICE-style jsonl, one {"text" or "orig_doc"}
-    per line; bad lines are skipped with one counted warning.
+    at least min_words words, in a fixed order; for the tool-use setting, code: the sources of Python's own
+    standard-library modules (the paper grounds it in code documents). A path -> a SPICE-style jsonl, one
+    {"text" or "orig_doc"} per line; bad lines are skipped with one counted warning.
     """
-    docs = _bundled_docs(min_words) if path is None else _jsonl_docs(Path(path))
+    if path is None and setting == "tool_use":
+        docs = _stdlib_sources(min_words)
+    else:
+        docs = _bundled_docs(min_words) if path is None else _jsonl_docs(Path(path))
     if not docs:
         raise InputError(f"no usable documents in {path or 'the bundled corpus'}")
     return docs
@@ -347,6 +355,13 @@ def _bundled_docs(min_words: int) -> list[str]:
         doc = None if name.startswith("_") else inspect.getdoc(getattr(sympy, name))
         docs.append(doc or "")
     return [d for d in dict.fromkeys(docs) if len(d.split()) >= min_words]
+
+
+def _stdlib_sources(min_words: int) -> list[str]:
+    """The top-level modules of the local Python's standard library (`<stdlib>/*.py`), in name order."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    return [t for t in texts if len(t.split()) >= min_words]
 
 
 def _jsonl_docs(path: Path) -> list[str]:
@@ -523,6 +538,7 @@ DESIGN_TEMPLATE_TOKENS = 2200
 HINT_TEMPLATE_TOKENS = 110      # the hint prompt around the program (at most designer_max_new_tokens)
 AGENT_TEMPLATE_TOKENS = 50      # the agent's first message around the observation and the hint
 TURN_FRAME_TOKENS = 14          # the chat template's text between a reply and the next reply
+TOOL_SCHEMA_TOKENS = 1500       # estimate: a tool environment's 3-8 tool schemas in the template's tool block
 
 
 def model_shape(model: str) -> dict:
@@ -635,11 +651,14 @@ def phase_geometry(cfg) -> dict:
     """
     doc = 0 if cfg.no_corpus else int(cfg.doc_words * TOKENS_PER_WORD)
     design_prompt = DESIGN_TEMPLATE_TOKENS + doc
-    agent_prompt = AGENT_TEMPLATE_TOKENS + cfg.agent_max_observation_tokens + cfg.hint_max_new_tokens
+    tool_use = cfg.setting == "tool_use"   # the tools' schemas in the first prompt; tool rounds are generate calls too
+    agent_prompt = AGENT_TEMPLATE_TOKENS + cfg.agent_max_observation_tokens + cfg.hint_max_new_tokens + \
+        (TOOL_SCHEMA_TOKENS if tool_use else 0)
+    turns = cfg.max_turns + (cfg.tool_rounds if tool_use else 0)
     reply = min(cfg.agent_max_new_tokens, cfg.agent_max_episode_tokens)
     between = cfg.agent_max_observation_tokens + TURN_FRAME_TOKENS
-    play_columns = agent_prompt + cfg.max_turns * reply + (cfg.max_turns - 1) * between
-    agent_sample = agent_prompt + cfg.agent_max_episode_tokens + (cfg.max_turns - 1) * between
+    play_columns = agent_prompt + turns * reply + (turns - 1) * between
+    agent_sample = agent_prompt + cfg.agent_max_episode_tokens + (turns - 1) * between
     envs_per_step = cfg.envs_per_step
     return {"design": dict(rows=envs_per_step, prompt=design_prompt, new=cfg.designer_max_new_tokens),
             "hint": dict(rows=envs_per_step, prompt=HINT_TEMPLATE_TOKENS + cfg.designer_max_new_tokens,

@@ -49,6 +49,8 @@ class Episode:
     truncated: bool = False      # ended by the environment's truncated flag, max_turns or a cut reply
     failure: str | None = None   # SandboxError reason ("timeout", "memory", "error", ...) or "contract"
     transcript: list[dict] = field(default_factory=list)  # turn 0: first observation; then one dict per step
+    tools: dict | None = None    # tool_use: the environment's tools (envs.parse_tools), read after reset
+    tool_rounds: int = 0         # tool_use: replies that only called tools (they take no turn)
 
     def append(self, ids: list[int], trainable: bool) -> None:
         self.token_ids += ids
@@ -93,17 +95,24 @@ def _clip_observation(obs: str, tok, max_tokens: int) -> str:
     return obs + "\n[observation truncated]" if cut else obs
 
 
-def _begin(ep: Episode, raw, tok, thinking: bool, max_obs: int) -> bool:
-    """Reset result -> first prompt. Returns whether the episode goes on."""
-    if isinstance(raw, sandbox.SandboxError):
-        _fail(ep, raw.reason, raw.detail)
-        return False
+def _begin(ep: Episode, raw, tok, thinking: bool, max_obs: int, tools=None, native_tools: bool = True) -> bool:
+    """Reset result (and, tool_use, the tools' reply) -> first prompt. Returns whether the episode goes on."""
+    for failed in (raw, tools):
+        if isinstance(failed, sandbox.SandboxError):
+            _fail(ep, failed.reason, failed.detail)
+            return False
     try:
         obs = _clip_observation(envs.parse_reset(raw), tok, max_obs)
+        ep.tools = None if tools is None else envs.parse_tools(tools)
     except envs.ContractError as err:
         _fail(ep, "contract", str(err))
         return False
-    ep.append(models.chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint), thinking), trainable=False)
+    if ep.tools is None:
+        ids = models.chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint), thinking)
+    else:   # the template's own tool block, else the tools listed in the message (models.renders_tools)
+        text = envs.agent_tool_message(obs, ep.spec.hint, None if native_tools else ep.tools)
+        ids = models.chat_ids(tok, text, thinking, envs.tool_schemas(ep.tools) if native_tools else None)
+    ep.append(ids, trainable=False)
     ep.prompt_len = len(ep.token_ids)
     ep.transcript.append({"turn": 0, "observation": obs})
     return True
@@ -143,19 +152,58 @@ def _drop_hung(eps: list[Episode], active: list[int]) -> list[int]:
     return [i for i in active if eps[i].failure is None]
 
 
-def _reset_all(eps: list[Episode], procs: list, tok, thinking: bool, max_obs: int) -> list[int]:
-    """Reset every started environment (in parallel) into its episode's first prompt; the episodes that go on."""
+def _reset_all(eps: list[Episode], procs: list, tok, thinking: bool, max_obs: int, tool_use: bool = False) -> list[int]:
+    """Reset every started environment (in parallel) into its episode's first prompt, with its tools for
+    tool_use; the episodes that go on."""
     live = [i for i, p in enumerate(procs) if not isinstance(p, sandbox.SandboxError)]
     for i in sorted(set(range(len(eps))) - set(live)):
         _begin(eps[i], procs[i], tok, thinking, max_obs)  # records the start failure
     raws = sandbox.call_many([procs[i] for i in live], "reset", [(eps[i].spec.seed,) for i in live])
-    return _drop_hung(eps, [i for i, raw in zip(live, raws) if _begin(eps[i], raw, tok, thinking, max_obs)])
+    tools = sandbox.call_many([procs[i] for i in live], ":tools", [()] * len(live)) if tool_use else [None] * len(live)
+    native = models.renders_tools(tok) if tool_use else True
+    return _drop_hung(eps, [i for i, raw, t in zip(live, raws, tools)
+                            if _begin(eps[i], raw, tok, thinking, max_obs, t, native)])
 
 
-def _take_replies(eps: list[Episode], active: list[int], replies: list, room: dict) -> list[tuple]:
+def _run_tools(eps: list[Episode], procs: list, calling: list[tuple], tok, frame: tuple, tool_rounds: int,
+               max_obs: int) -> list[int]:
+    """Execute the tool calls of each (episode, reply, calls) in its sandbox, the k-th calls of all episodes in
+    one round trip; a bad call (envs.check_tool_call) gets its error text without reaching the environment.
+    The results go back as one tool message (loss mask 0). A reply that only calls tools takes no turn; after
+    `tool_rounds` of them the episode ends, truncated, return 0. Returns the episodes that go on."""
+    results = {i: [envs.check_tool_call(c, eps[i].tools) for c in calls] for i, _, calls in calling}
+    for k in range(max((len(c) for _, _, c in calling), default=0)):
+        todo = [(i, calls[k]) for i, _, calls in calling if k < len(calls) and results[i][k] is None
+                and eps[i].failure is None]
+        raws = sandbox.call_many([procs[i] for i, _ in todo], ":tool", [(c["name"], c["arguments"]) for _, c in todo])
+        for (i, _), raw in zip(todo, raws):
+            try:
+                if isinstance(raw, sandbox.SandboxError):
+                    raise raw
+                results[i][k] = envs.tool_result(raw)[0]
+            except (sandbox.SandboxError, envs.ContractError) as err:
+                _fail(eps[i], getattr(err, "reason", "contract"), str(err))
+    going = []
+    for i, reply, calls in calling:
+        ep = eps[i]
+        if ep.failure is not None:
+            continue
+        ep.tool_rounds += 1
+        text = _clip_observation("\n\n".join(results[i]), tok, max_obs)
+        ep.transcript.append({"turn": ep.turns, "reply": reply.text, "tool_calls": calls, "tool_results": results[i]})
+        if ep.tool_rounds > tool_rounds:
+            ep.episode_return, ep.truncated = 0.0, True
+            continue
+        ep.append(models.observation_ids(tok, text, reply.completion_ids, frame), trainable=False)
+        going.append(i)
+    return going
+
+
+def _take_replies(eps: list[Episode], active: list[int], replies: list, room: dict) -> tuple[list, list]:
     """Append each reply (cut to its episode's room) as trained tokens; (episode, reply, action) of the replies
-    to play. A reply without its stop token was cut (turn limit or episode budget): not played."""
-    stepping = []
+    to play, and (episode, reply, tool calls) of the tool-use replies that only call tools. A reply without its
+    stop token was cut (turn limit or episode budget): not played."""
+    stepping, calling = [], []
     for i, reply in zip(active, replies):
         cut = len(reply.completion_ids) > room[i] or not reply.finished
         reply.completion_ids = reply.completion_ids[: room[i]]
@@ -163,14 +211,19 @@ def _take_replies(eps: list[Episode], active: list[int], replies: list, room: di
         if cut:
             _cut(eps[i], reply)
         else:
-            stepping.append((i, reply, envs.to_action(envs.after_thinking(reply.text))))
-    return stepping
+            text = envs.after_thinking(reply.text)
+            calls = envs.parse_tool_calls(text) if eps[i].tools is not None else []
+            if not envs.goes_to_step(text, calls):
+                calling.append((i, reply, calls))
+            else:
+                stepping.append((i, reply, text if eps[i].tools is not None else envs.to_action(text)))
+    return stepping, calling
 
 
 def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens: int, max_episode_tokens: int,
          temperature: float, top_p: float, top_k: int, seed: int, limits, static_cache: bool = False,
-         reuse_cache: bool = True, stats: dict | None = None, thinking: bool = False,
-         max_observation_tokens: int = MAX_OBSERVATION_TOKENS) -> list[Episode]:
+         reuse_cache: bool = True, stats: dict | None = None, thinking: bool = False, setting: str = "games",
+         tool_rounds: int = 8, max_observation_tokens: int = MAX_OBSERVATION_TOKENS) -> list[Episode]:
     """Play every spec to the end; each turn ALL active episodes share ONE generate call.
 
     Budgets: a reply gets at most max_new_tokens; an episode at most max_episode_tokens generated tokens over
@@ -178,18 +231,21 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
     reuse_cache: keep the KV cache across turns, so a turn prefills only the new observation (off with
     static_cache, whose fixed-shape cache is rebuilt every call). stats, when given, receives generate_s,
     sandbox_s, generated_tokens and generate_calls. thinking: rendered with enable_thinking; the action is
-    read after the last </think> either way, and thinking tokens count in both budgets. An observation longer
-    than max_observation_tokens is cut (the width runs.plan counts on).
+    read after the last </think>; thinking tokens count in both budgets. Observations: max_observation_tokens.
+    setting "tool_use": a reply's <tool_call>s run in the sandbox and come back as a tool message (_run_tools),
+    taking no turn (at most tool_rounds such replies); a reply with <answer> or no tool call goes to step().
     """
     eps = [Episode(spec=s) for s in specs]
     timing = {"generate_s": 0.0, "sandbox_s": 0.0, "generated_tokens": 0, "generate_calls": 0}
     t = time.time()
+    tool_use = setting == "tool_use"
     procs, frame = _open_all(specs, max_turns, limits), models.turn_frame(tok, thinking)
+    tool_frame = models.turn_frame(tok, thinking, "tool") if tool_use else frame
     batch, deltas = None, {}
     try:
-        active = _reset_all(eps, procs, tok, thinking, max_observation_tokens)
+        active = _reset_all(eps, procs, tok, thinking, max_observation_tokens, tool_use)
         timing["sandbox_s"] += time.time() - t
-        for turn in range(max_turns):
+        for turn in range(max_turns + (tool_rounds if tool_use else 0)):
             room = {i: max_episode_tokens - sum(eps[i].loss_mask) for i in active}
             active = [i for i in active if room[i] > 0]
             if not active:
@@ -205,14 +261,16 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
                                           **gen)
             timing["generate_s"] += time.time() - t
             timing["generate_calls"] += 1
-            stepping = _take_replies(eps, active, replies, room)
+            stepping, calling = _take_replies(eps, active, replies, room)
             timing["generated_tokens"] += sum(len(r.completion_ids) for r in replies)
             t = time.time()
+            before = {i: len(eps[i].token_ids) for i, _, _ in stepping + calling}
             raws = sandbox.call_many([procs[i] for i, _, _ in stepping], "step", [(a,) for _, _, a in stepping])
-            before = {i: len(eps[i].token_ids) for i, _, _ in stepping}
-            active = _drop_hung(eps, [i for (i, reply, action), raw in zip(stepping, raws)
+            active = _drop_hung(eps, sorted([i for (i, reply, action), raw in zip(stepping, raws)
                                       if _advance(eps[i], raw, reply, action, tok, frame,
-                                                  procs[i].max_turns or max_turns, max_observation_tokens)])
+                                                  procs[i].max_turns or max_turns, max_observation_tokens)]
+                                        + _run_tools(eps, procs, calling, tok, tool_frame, tool_rounds,
+                                                     max_observation_tokens)))
             deltas = {i: eps[i].token_ids[before[i]:] for i in active}
             timing["sandbox_s"] += time.time() - t
     finally:

@@ -47,14 +47,15 @@ def active_skills(cfg: Config, step: int) -> list[str]:
     >>> active_skills(Config(skills="0,Causal Inference"), 1)
     ['Causal Inference']
     """
-    pool = list(envs.SKILLS)
+    known = envs.skills_of(cfg.setting)   # the six cognitive skills, or the six tool-use skills
+    pool = list(known)
     if cfg.skills:
         pool = []
         for item in cfg.skills.split(","):
             item = item.strip()
-            name = envs.SKILLS[int(item)] if item.isdigit() and int(item) < len(envs.SKILLS) else item
-            if name not in envs.SKILLS:
-                raise runs.InputError(f"--skills: unknown skill {item!r}; known: {', '.join(envs.SKILLS)}")
+            name = known[int(item)] if item.isdigit() and int(item) < len(known) else item
+            if name not in known:
+                raise runs.InputError(f"--skills: unknown skill {item!r}; known: {', '.join(known)}")
             pool.append(name)
     k = min(cfg.skills_per_step, len(pool))
     return [pool[(step * k + i) % len(pool)] for i in range(k)]
@@ -185,8 +186,8 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
             doc = None if cfg.no_corpus else envs.truncate_words(rng.choice(st.corpus), cfg.doc_words)
             positives = st.memory.positives(skill, rng) if use_memory else []
             negative = st.memory.negative(skill, rng) if use_memory else None
-            prompts.append(models.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative),
-                                               cfg.thinking))
+            prompts.append(models.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative, cfg.setting),
+                                           cfg.thinking))
             docs.append(doc or "")
         outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.designer_max_new_tokens,
                                    seed=envs.derive_seed(cfg.seed, step, "designer-sample",
@@ -194,7 +195,7 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
                                    **sample_kwargs(cfg))
         runs.fault_point("generate", step)
         codes = [envs.extract_code(envs.after_thinking(o.text)) for o in outs]
-        verdicts = envs.validate_many(codes, limits_of(cfg), cfg.max_turns)
+        verdicts = envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting)
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]),
                                    out.prompt_ids, out.completion_ids, out.text, code, verdict))
@@ -237,7 +238,7 @@ def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
         return
 
     def hints(mine: list[PlayedEnv]) -> list[str]:
-        prompts = [models.chat_ids(st.tok, envs.hint_prompt(e.code), cfg.thinking) for e in mine]
+        prompts = [models.chat_ids(st.tok, envs.hint_prompt(e.code, setting=cfg.setting), cfg.thinking) for e in mine]
         outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.hint_max_new_tokens,
                                seed=envs.derive_seed(cfg.seed, step, "hint", models.rank()),
                                **{**sample_kwargs(cfg), "temperature": cfg.hint_temperature})
@@ -273,7 +274,8 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
                 max_new_tokens=cfg.agent_max_new_tokens, max_episode_tokens=cfg.agent_max_episode_tokens,
                 max_observation_tokens=cfg.agent_max_observation_tokens, limits=limits_of(cfg),
                 seed=envs.derive_seed(cfg.seed, step, "agent", models.rank() * 1000 + k),
-                stats=stats, thinking=cfg.thinking, **sample_kwargs(cfg))
+                stats=stats, thinking=cfg.thinking, setting=cfg.setting, tool_rounds=cfg.tool_rounds,
+                **sample_kwargs(cfg))
             timing.update({key: timing[key] + value for key, value in stats.items()})
         return out
     episodes = models.shared(play_share, specs, "the plays")
@@ -506,10 +508,10 @@ def start(cfg: Config) -> tuple[State, int]:
     if models.is_main():                # subtle: another rank may already have created it (it is rank 0's)
         runs.check_new_out("" if cfg.resume else cfg.out)
     cfg = size_to_card(cfg)
-    corpus = [] if (cfg.no_corpus or cfg.env_pool) else runs.load_corpus(cfg.corpus or None)
+    corpus = [] if (cfg.no_corpus or cfg.env_pool) else runs.load_corpus(cfg.corpus or None, setting=cfg.setting)
     limits = limits_of(cfg)
-    pool = envs.load_folder(cfg.env_pool, "--env-pool", limits, cfg.max_turns)[0] if cfg.env_pool else []
-    backfill = envs.load_folder(cfg.backfill, "--backfill", limits, cfg.max_turns)[0] \
+    pool = envs.load_folder(cfg.env_pool, "--env-pool", limits, cfg.max_turns, cfg.setting)[0] if cfg.env_pool else []
+    backfill = envs.load_folder(cfg.backfill, "--backfill", limits, cfg.max_turns, cfg.setting)[0] \
         if cfg.backfill and not cfg.env_pool else []
     model, tok, info = models.load_model(
         cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
@@ -575,9 +577,11 @@ def train(cfg: Config) -> Path:
 
 
 def held_out_eval(st: State) -> dict:
-    """eval/score, eval/<category>, eval/answered (and eval/pool_win_rate) of the current weights (evaluate.py)."""
+    """eval/score, eval/<category>, eval/answered (and eval/pool_win_rate, eval/bfcl_multi_turn_base) of the
+    current weights (evaluate.py)."""
     cfg = st.cfg
     return evaluate.eval_metrics(st.model, st.tok, limit=cfg.eval_limit, seed=cfg.seed,
                                  max_new_tokens=evaluate.answer_tokens(cfg.agent_max_new_tokens),
                                  env_pool=cfg.eval_pool, pool_plays=cfg.plays, max_turns=cfg.max_turns,
-                                 max_episode_tokens=cfg.agent_max_episode_tokens, limits=limits_of(cfg))
+                                 max_episode_tokens=cfg.agent_max_episode_tokens, limits=limits_of(cfg),
+                                 suites=cfg.eval_suites.split(","), setting=cfg.setting)

