@@ -252,7 +252,8 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
     """Phase 5: every play of every environment still in the window advances together, one generate per turn:
     P unhinted plays with fresh seeds each step, and at the window's first step H hinted ones. Play i with and
     without the hint shares the environment seed (a paired comparison). Under torchrun each rank plays its share
-    of the plays (by global index, the seeds unchanged) and every rank gets all the episodes back.
+    of the plays (by global index, the seeds unchanged), in waves when the memory plan says all do not fit
+    (--play-wave), and every rank gets all the episodes back.
 
     subtle: one generate call samples its whole batch from one seed, so each rank's batch takes its own (the
     rank's index; 0 in one process). The tokens a row samples depend on its batch anyway: N ranks sample other
@@ -265,6 +266,7 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, None, (j, False, i)))
             if hinted and i < cfg.hinted_plays:
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, e.hint, (j, True, i)))
+
     def play_share(mine: list) -> list:   # this rank's plays, in even waves of at most what the memory plan allows
         out, waves = [], -(-len(mine) // (cfg.play_wave or max(len(mine), 1)))
         for k in range(waves):
