@@ -190,7 +190,7 @@ def model_config(name: str, cache_dir: str) -> str:
         return name
     path = Path(name).expanduser()
     if name == "smollm2-135m" or name.endswith(".gguf"):   # the converted copy models.py loads
-        path = Path(cache_dir).expanduser() / Path(name if name.endswith(".gguf") else "SmolLM2-135M-Instruct").stem
+        path = Path(cache_dir).expanduser() / Path(name if name.endswith(".gguf") else runs.SMOLLM2_GGUF).stem
     if (path / "config.json").is_file() or path.name == "config.json":
         return str(path)
     from huggingface_hub import try_to_load_from_cache   # note: light, but only plan and train need it

@@ -36,7 +36,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer  # the decod
 
 import runs
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF = runs.SMOLLM2_GGUF
 
 # ----------------------------------------------------------------------------------------------------------------
 # loading: device and dtype decided once, LoRA on every linear layer, checkpointing verified

