@@ -19,7 +19,6 @@ import dataclasses
 import glob
 import json
 import os
-import random
 import sys
 import tempfile
 import time
@@ -83,7 +82,7 @@ def build(cfg, folder: str):
                             gradient_checkpointing=True)
     model.generation_config.eos_token_id = 2
     report("device", f"{device} ({reason})")
-    return model, shape
+    return model
 
 
 def no_stop(model) -> None:
@@ -190,7 +189,7 @@ def main() -> None:
     report("plan", json.dumps({"gpu_gb": round(gpu, 1), "play_wave": wave, "prompts": counted,
                                "geometry": geometry}))
     with tempfile.TemporaryDirectory() as folder:
-        model, shape = build(cfg, folder)
+        model = build(cfg, folder)
     no_stop(model)
     optimizer = adam_state(model)   # a run holds Adam's moments from its first step on; the plan counts them
     fake = SimpleNamespace(pad_token_id=0, eos_token_id=2, decode=lambda ids, **kw: "")  # ids in, ids out
@@ -209,5 +208,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    random.seed(0)
     main()
