@@ -46,7 +46,7 @@ TOOL_CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "too
                "step_types", "reward_range", "not_trivial", "reset_123", "deterministic", "solvable")
 PROBE_ANSWER = "<answer>test</answer>"   # the tool-use probe action: after one call of every tool
 VERDICT_REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
-                   "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable",
+                   "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable", "copy",
                    "bad_tools", "tool_error", "timeout", "memory", "forbidden", "crash", "not_serializable",
                    "protocol", "bad_reply")
 WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
@@ -653,13 +653,17 @@ def designer_prompt(skill: str, document: str | None, positives: list[dict], neg
     --doc-words), or, None, the cold-start prompt with skill ideas; the contract, a short example environment,
     and the memory examples. tool_use: the *_tools.txt / example_tool_env.txt variants."""
     tools = "_tools" if setting == "tool_use" else ""
-    fields = dict(skill=skill, contract=_template(f"contract{tools}.txt"),
-                  example=_template("example_tool_env.txt" if tools else "example_env.txt"),
+    fields = dict(skill=skill, contract=_template(f"contract{tools}.txt"), example=example_program(setting),
                   memory=_memory_block(positives, negative))
     if document is None:
         ideas = skill_ideas(setting).get(skill, "any environment that needs " + skill)
         return _fill(f"designer{tools}_nocorpus.txt", ideas=ideas, **fields)
     return _fill(f"designer{tools}.txt", document=document, **fields)
+
+
+def example_program(setting: str = "games") -> str:
+    """The in-context example every designer prompt shows (prompts/example_env.txt or example_tool_env.txt)."""
+    return _template("example_tool_env.txt" if setting == "tool_use" else "example_env.txt")
 
 
 def _memory_block(positives: list[dict], negative: dict | None) -> str:

@@ -178,7 +178,7 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         slots = [g for g in models.my_share(range(cfg.envs_per_step)) if g not in filled]
         if not slots:
             break
-        prompts, docs = [], []
+        prompts, docs, shown = [], [], []
         for g in slots:
             skill = skills[g % len(skills)]
             rng = random.Random(envs.derive_seed(cfg.seed, step, "designer", g * cfg.design_attempts + attempt))
@@ -189,13 +189,15 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
             prompts.append(models.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative, cfg.setting),
                                            cfg.thinking))
             docs.append(doc or "")
+            shown.append([envs.example_program(cfg.setting)] + [p["code"][:envs.MEMORY_CODE_CHARS] for p in positives])
         outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.designer_max_new_tokens,
                                    seed=envs.derive_seed(cfg.seed, step, "designer-sample",
                                                          attempt * models.world_size() + models.rank()),
                                    **sample_kwargs(cfg))
         runs.fault_point("generate", step)
         codes = [envs.extract_code(envs.after_thinking(o.text)) for o in outs]
-        verdicts = envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting)
+        verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting),
+                                          shown)   # a repeat of an example in the prompt is no new environment
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]),
                                    out.prompt_ids, out.completion_ids, out.text, code, verdict))
