@@ -372,7 +372,7 @@ def play_interactive(code: str, seed: int, max_turns: int, limits: Limits, setti
 # spade-mini score: one window of outcomes in, every reward and advantage out (regret.score_window)
 
 def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dict:
-    """The input of `spade-mini score` (README "Checking another implementation"), checked field by field;
+    """The input of `spade-mini score` (docs/score.md, "Checking another implementation"), checked field by field;
     InputError names the first bad one. Returns it with the optional fields filled in."""
     def fail(where: str, what: str):
         raise InputError(f"score input: {where} must be {what}")
@@ -956,7 +956,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["play"].add_argument("--seed", type=int, default=0, help="reset seed")
     p["play"].add_argument("--actions", default="", help="file with one action per line (non-interactive)")
     p["play"].add_argument("--max-turns", type=positive(int), default=12, help="turn cap")
-    p["score"].add_argument("file", help="a JSON file of outcomes (format in the README)")
+    p["score"].add_argument("file", help="a JSON file of outcomes (format in docs/score.md)")
     add_eval_flags(p["eval"])
     p["report"].add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     return parser

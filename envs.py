@@ -5,11 +5,11 @@ The idea: an environment is untrusted text written by a language model. It only 
 the sandbox), turns the agent's replies into actions and episodes into returns, renders the prompts the
 model reads (prompts/*.txt, plain text), and keeps the environment memory.
 
-The contract (duck-typed; SPADE_METHOD.md): a class whose name ends in `Env`, `__init__(max_turns=12)` (built
+The contract (duck-typed; docs/method.md): a class whose name ends in `Env`, `__init__(max_turns=12)` (built
 with its own defaults; the runner then caps max_turns, never raises it),
 `reset(seed) -> (obs, info)` (bare str tolerated), `step(action) -> (obs, reward, terminated, truncated,
 info)` with real bools, optional `solution()`. The same seed must give the same episode. Departures (the
-README's numbered list): 7 and 17, the same-seed check and the two checks by execution.
+numbered list of docs/details.md): 7 and 17, the same-seed check and the two checks by execution.
 
 The tool-use setting (`setting="tool_use"`) keeps that contract and adds `self.tools` (name -> {"description",
 "parameters": JSON Schema}) with one `tool_<name>(**arguments) -> str` per tool: the agent's `<tool_call>`s

@@ -107,7 +107,7 @@ class Config:
     eval_limit: int = 5                 # reasoning-gym items per category (BFCL: items) of one in-loop evaluation
     eval_suites: str = "reasoning_gym"  # held-out suites of --eval-every, comma-separated: reasoning_gym, bfcl
     eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
-    # several processes (torchrun; README "Past one GPU")
+    # several processes (torchrun; docs/gpu.md, "Past one GPU")
     dist_timeout: float = 1800.0        # seconds a process waits for the others at a collective, then the run ends
 
 
@@ -388,7 +388,7 @@ def _jsonl_docs(path: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# what one step writes: its metrics record (glossary in the README), samples, the printed line
+# what one step writes: its metrics record (glossary in docs/details.md), samples, the printed line
 
 def _mean(xs) -> float:
     xs = list(xs)
@@ -606,7 +606,7 @@ def lora_params(shape: dict, r: int) -> int:
 def weight_bytes(shape: dict, quantized: bool) -> int:
     """The base weights: targeted linears in NF4 (or bf16), MoE experts, embeddings and norms in bf16.
 
-    note: bitsandbytes leaves the fused 3-D expert weights of transformers 5.x unquantized (SPADE_METHOD.md).
+    note: bitsandbytes leaves the fused 3-D expert weights of transformers 5.x unquantized (docs/method.md).
     """
     targeted, frozen, experts = _linears(shape)
     linear = sum(i * o for i, o in targeted + frozen) * (NF4_BYTES if quantized else 2)
