@@ -575,6 +575,11 @@ FIGURES = [
     ("returns.png", "Agent return with and without the hint", "mean episode return",
      ["agent/return_hint", "agent/return_nohint", "agent/win_rate"], (-1.05, 1.05),
      "Unhinted return rising = the agent is learning; the hinted curve is the upper bound the hint allows."),
+    ("behaviour.png", "How the agent replies", "", ["agent/first_reply_tokens", "agent/reply_tokens", "agent/cut_share",
+     "agent/action_share", "agent/turns_mean"], None,
+     "One panel each, unhinted plays: tokens of the first reply and of every reply, the share of replies cut by the "
+     "token limit (not played), the share holding an action, turns per episode. SPADE's agent learns to act "
+     "early with short replies."),
     ("regret.png", "Hint regret (the designer's signal)", "R_hint - R_nohint",
      ["env/regret", "designer/reward_mean"], None,
      "Positive regret = environments at the edge of the agent's ability. Near zero: too easy or unsolvable "
@@ -601,7 +606,7 @@ FIGURES = [
      "tokens per second, the sandbox's share of play, peak memory."),
     ("other.png", "Everything else logged", "", [], None, "One panel per numeric metric no figure above shows."),
 ]
-PANELS = {"update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
+PANELS = {"behaviour.png", "update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
 STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v")]   # coinciding curves stay visible
 PLAIN = {"env/regret", "env/count", "env/hung", "env/diversity"}  # env/* keys that are not 'statistics'
 TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/return_hint", "env/regret",

@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -420,6 +421,7 @@ def step_metrics(step: int, window, live: list, first: bool, last: bool, extra: 
         "agent/return_hint": _mean(r_hint) if at_first else None,
         "agent/win_rate": _mean(_mean(r > 0 for r in e.unhinted[-1]) for e in scored) if scored else None,
         "agent/turns_mean": _mean(ep.turns for ep in episodes) if episodes else None,
+        **reply_stats([ep for ep in episodes if ep.spec.hint is None]),
         "env/turns_to_solve": _mean(ep.turns for ep in solved) if solved else None,
         "env/one_turn_share": _mean(any(ep.terminated and ep.turns == 1 for ep in e.episodes)
                                     for e in live) if live else None,
@@ -428,6 +430,27 @@ def step_metrics(step: int, window, live: list, first: bool, last: bool, extra: 
             ("bad_replies", "bad_reply"))},
         **extra,
     }
+
+
+ACTION = re.compile(r"\\boxed\{|<tool_call>|<answer>")   # a reply that holds an action (games) or a call/answer
+
+
+def reply_stats(plays: list) -> dict:
+    """How the agent replies (what SPADE's agent learns: short probing actions instead of long derivations): mean
+    tokens of the first reply and of every reply, the share of replies the token limit cut (never played) and the
+    share that hold an action. A reply is a run of loss-mask-1 tokens of an episode.
+
+    >>> from types import SimpleNamespace as E
+    >>> ep = E(loss_mask=[0, 0, 1, 1, 1, 0, 1], transcript=[{"turn": 0}, {"reply": "\\\\boxed{2}"}, {"reply": "um", "cut": True}])
+    >>> reply_stats([ep])
+    {'agent/first_reply_tokens': 3.0, 'agent/reply_tokens': 2.0, 'agent/cut_share': 0.5, 'agent/action_share': 0.5}
+    """
+    lengths = [[len(r) for r in "".join(map(str, ep.loss_mask)).split("0") if r] for ep in plays]
+    replies = [t for ep in plays for t in ep.transcript if "reply" in t]
+    return {"agent/first_reply_tokens": _mean(x[0] for x in lengths if x) if any(lengths) else None,
+            "agent/reply_tokens": _mean(n for x in lengths for n in x) if any(lengths) else None,
+            "agent/cut_share": _mean(bool(t.get("cut")) for t in replies) if replies else None,
+            "agent/action_share": _mean(bool(ACTION.search(t["reply"])) for t in replies) if replies else None}
 
 
 def log_samples(run: Run, step: int, window, live: list, first: bool, window_records: list,
