@@ -620,8 +620,9 @@ def goes_to_step(reply: str, calls: list) -> bool:
     return "<answer>" in reply or not calls
 
 
-def agent_first_message(obs: str, hint: str | None = None) -> str:
-    """Turn 1 of every episode (prompts/agent.txt); a hint is appended to the observation (agent_hint.txt).
+def agent_first_message(obs: str, hint: str | None = None, prompt: str = "agent.txt") -> str:
+    """Turn 1 of every episode (prompts/agent.txt, or --agent-prompt's file); a hint is appended to the
+    observation (agent_hint.txt).
 
     >>> print(agent_first_message("Grid: A.G", hint="Walk right."))
     You are playing a language game. Make valid actions to win.
@@ -632,7 +633,7 @@ def agent_first_message(obs: str, hint: str | None = None) -> str:
     """
     if hint is not None:
         obs = _fill("agent_hint.txt", obs=obs, hint=hint)
-    return _template("agent.txt").replace("{obs}", obs)
+    return _template(prompt).replace("{obs}", obs)
 
 
 def eval_question(question: str) -> str:

@@ -35,6 +35,7 @@ class EpisodeSpec:
     seed: int              # explicit reset seed
     hint: str | None       # privileged hint appended to the first observation, or None
     key: tuple = ()        # the caller's id for this play; key[0] names its environment (hung ones are dropped)
+    prompt: str = "agent.txt"  # the prompts/ file of the first message (games)
 
 
 @dataclass
@@ -108,7 +109,7 @@ def _begin(ep: Episode, raw, tok, thinking: bool, max_obs: int, tools=None, nati
         _fail(ep, "contract", str(err))
         return False
     if ep.tools is None:
-        ids = models.chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint), thinking)
+        ids = models.chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint, ep.spec.prompt), thinking)
     else:   # the template's own tool block, else the tools listed in the message (models.renders_tools)
         text = envs.agent_tool_message(obs, ep.spec.hint, None if native_tools else ep.tools)
         ids = models.chat_ids(tok, text, thinking, envs.tool_schemas(ep.tools) if native_tools else None)

@@ -42,8 +42,8 @@ import spade_mini  # noqa: E402
 import train  # noqa: E402
 
 # the kept run's settings (README "Expected results"); each is a train flag, and the command line may override
-TRAIN = dict(preset="tiny", steps=10, envs_per_step=2, plays=8, hinted_plays=0, lr=1e-3, regen_interval=1,
-             checkpoint_every=10, keep_checkpoints=1)
+TRAIN = dict(preset="tiny", steps=8, envs_per_step=2, plays=16, hinted_plays=0, lr=1e-3, regen_interval=1,
+             checkpoint_every=8, keep_checkpoints=1)
 CURVES = ["agent/return_nohint", "agent/win_rate", "agent/cut_share", "agent/action_share",
           "agent/first_reply_tokens", "agent/reply_tokens"]
 
@@ -68,10 +68,11 @@ def compare(base: list, trained: list, rng) -> dict:
             "diff_ci95": bootstrap_ci(diff, rng)}
 
 
-def specs(files: list[Path], episodes: int, seed: int, role: str) -> list:
+def specs(files: list[Path], episodes: int, seed: int, role: str, prompt: str) -> list:
     """`episodes` held-out plays spread evenly over the files, each with its own derived seed."""
     codes = [f.read_text() for f in files]
-    return [spade_mini.EpisodeSpec(codes[k % len(codes)], envs.derive_seed(seed, -1, role, k), None, (k % len(codes),))
+    return [spade_mini.EpisodeSpec(codes[k % len(codes)], envs.derive_seed(seed, -1, role, k), None, (k % len(codes),),
+                                    prompt)
             for k in range(episodes)]
 
 
@@ -154,7 +155,7 @@ def markdown(result: dict, records: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seen", default="cups,pair_sum", help="examples/ environments to train on (comma-separated)")
+    ap.add_argument("--seen", default="cups,doors", help="examples/ environments to train on (comma-separated)")
     ap.add_argument("--unseen", default=str(ROOT / "bench" / "heldout"), help="folder of environments kept out of training")
     ap.add_argument("--episodes", type=int, default=200, help="held-out episodes per arm and set")
     ap.add_argument("--seed", type=int, default=0)
@@ -179,8 +180,8 @@ def main() -> None:
         cli.check_config(train, cfg)
         train.train(cfg)
         t_train = time.time() - t_start
-        seen = specs(seen_files, args.episodes, args.seed, "heldout-seen")
-        unseen = specs(unseen_files, args.episodes, args.seed, "heldout-unseen")
+        seen = specs(seen_files, args.episodes, args.seed, "heldout-seen", cfg.agent_prompt)
+        unseen = specs(unseen_files, args.episodes, args.seed, "heldout-unseen", cfg.agent_prompt)
         assert not {s.seed for s in seen + unseen} & training_seeds(cfg), "a held-out seed was played in training"
         played = evaluate_arms(cfg, run_dir, seen, unseen, args)
     rng = np.random.default_rng(args.seed)
