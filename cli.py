@@ -1,8 +1,9 @@
-"""The `spade-mini` command line: train, validate, play, score, eval, report.
+"""The `spade-mini` command line: train, validate, play, score, eval, report, plan.
 
 A support module (a first read of the method may skip it). `train`'s flags are generated from runs.Config
 (`--group-size` <-> `cfg.group_size`, the field's trailing comment is its help). Bad input of any kind ends in
-one line `spade-mini: error: ...` and exit code 2, never a traceback.
+one line `spade-mini: error: ...` and exit code 2, never a traceback; output piped into a reader that stops early
+(`| head`) ends the command quietly with exit code 141 (128 + SIGPIPE, as a shell tool killed by it reports).
 
 subtle: the heavy modules are imported only by the commands that need them (the project's lazy imports, besides
 the optional sympy corpus and tensorboard in runs.py: torch for train and eval, matplotlib for report), so
@@ -16,6 +17,7 @@ import html
 import inspect
 import json
 import math
+import os
 import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -62,8 +64,9 @@ def add_config_flags(parser: argparse.ArgumentParser, config_class) -> None:
     for f in dataclasses.fields(config_class):
         flag = "--" + f.name.replace("_", "-")
         text = f"{helps.get(f.name, '')} ({preset_values(f.name, f.default)})".replace("%", "%%")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
+        if f.type in ("bool", bool):   # an ablation (--no-memory) is switched on only: no --no-no-memory
+            action = "store_true" if f.name.startswith("no_") else argparse.BooleanOptionalAction
+            parser.add_argument(flag, action=action, default=argparse.SUPPRESS, help=text)
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
             parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=f.name.upper(), help=text)
@@ -106,9 +109,11 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--tool-rounds must be >= 0 (got {cfg.tool_rounds})")
     if cfg.quantize not in ("auto", "none", "nf4"):
         raise InputError("--quantize must be auto, none or nf4")
-    if not (cfg.temperature > 0 and 0 < cfg.top_p <= 1 and cfg.lr > 0 and cfg.call_timeout > 0
-            and cfg.dist_timeout > 0):
-        raise InputError("--temperature, --lr, --call-timeout and --dist-timeout must be > 0 and --top-p in (0, 1]")
+    for name in ("temperature", "lr", "call_timeout", "dist_timeout"):
+        if not getattr(cfg, name) > 0:
+            raise InputError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
+    if not 0 < cfg.top_p <= 1:
+        raise InputError(f"--top-p must be in (0, 1] (got {cfg.top_p})")
     if cfg.hint_temperature < 0:
         raise InputError(f"--hint-temperature must be >= 0 (0 = greedy; got {cfg.hint_temperature})")
     if cfg.plays < 2:
@@ -157,25 +162,33 @@ def precheck(explicit: dict) -> None:
 
 
 def cmd_train(explicit: dict) -> int:
-    if explicit.get("resume"):   # a finished run: say so, before anything heavy is imported
-        run = runs.existing_run(explicit["resume"], "--resume")
-        steps = explicit.get("steps") or read_json(run.config, "--resume", ("steps",))["steps"]
-        done = runs.steps_done(run)
-        if done >= steps:
-            print(f"spade-mini: {run.root} already has {done} steps (--steps {steps}): nothing to do; continue it "
-                  f"with --resume {run.root} --steps {done + 1} or more")
+    """Every check that needs no model runs before torch is imported (seconds, not a model load)."""
+    if explicit.get("resume"):   # a finished run, or one whose checkpoints are gone: say so now
+        cfg = runs.resumed_config(config_from_args(explicit), keep_steps="steps" not in explicit)
+        run, done = runs.Run(cfg.out), runs.resume_start(runs.Run(cfg.out), cfg.checkpoint_every)
+        if done >= cfg.steps:
+            print(f"spade-mini: {run.root} already has {done} steps (--steps {cfg.steps}): nothing to do; continue "
+                  f"it with --resume {run.root} --steps {done + 1} or more")
             return 0
     else:
         precheck(explicit)
+        cfg = config_from_args(explicit)
+        cfg = dataclasses.replace(cfg, out=cfg.out or runs.new_out())   # named now, so that Ctrl-C can say it
+    check_config(None, cfg)
+    check_model(cfg.model)
     import models
     import train
-    cfg = config_from_args(explicit)
-    if cfg.resume:
-        cfg = runs.resumed_config(cfg, keep_steps="steps" not in explicit)
-    check_config(train, cfg)
-    check_model(cfg.model)
+    check_config(train, cfg)   # now the skill names too
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
-    train.train(cfg)
+    resume = f"; continue with --resume {cfg.out}"
+    try:
+        train.train(cfg)
+    except KeyboardInterrupt:
+        print(f"spade-mini: interrupted{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
+        return 130
+    except runs.PeerError as err:
+        print(f"spade-mini: error: {err}{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
+        return 1
     models.close_distributed()
     return 0
 
@@ -193,6 +206,10 @@ def model_config(name: str, cache_dir: str) -> str:
         path = Path(cache_dir).expanduser() / Path(runs.BUNDLED.get(name, name)).stem
     if (path / "config.json").is_file() or path.name == "config.json":
         return str(path)
+    if name in runs.BUNDLED:
+        raise InputError(f"--model {name}: its shape is read from the converted copy in {path.parent}, which the "
+                         f"first `spade-mini train --model {name}` (or eval) writes; run one first, or plan a GPU "
+                         "preset (spade-mini plan --preset 4b)")
     from huggingface_hub import try_to_load_from_cache   # note: light, but only plan and train need it
     found = None if path.exists() else try_to_load_from_cache(name, "config.json")
     if not isinstance(found, str):
@@ -207,7 +224,8 @@ def cmd_plan(args: dict) -> int:
     check_config(None, cfg)   # the numbers only: plan never imports torch (nor train, which checks the skills)
     gpu = cfg.gpu_gb or runs.CARDS.get(cfg.preset)
     if not gpu:
-        raise InputError(f"--gpu-gb: preset {cfg.preset} names no card; give the GPU's memory in GiB")
+        raise InputError(f"preset {cfg.preset} names no card (tiny is the CPU demo); plan a GPU preset "
+                         "(spade-mini plan --preset 4b) or give --gpu-gb GIB")
     plan = runs.plan(cfg, gpu, runs.model_shape(model_config(cfg.model, cfg.cache_dir)))
     columns = ("rows", "columns", "tokens", "weights", "lora", "kv", "transient", "activations", "logprob_chunk",
                "peak")
@@ -224,7 +242,7 @@ def cmd_plan(args: dict) -> int:
           "LoRA state. Estimates: transient buffers, activations, the chunk's backward.")
     if as_json:
         print(json.dumps(plan))
-    return 0
+    return 0 if plan["fits"] else 1   # a script can test it; a bad flag is 2
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -335,37 +353,38 @@ def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: f
 
 
 def play_interactive(code: str, seed: int, max_turns: int, limits: Limits, setting: str = "games") -> int:
-    """A person plays: observation, reward and turn each turn; type an action (\\boxed{} added if missing).
-    tool_use: the tools are listed; type <tool_call>{...}</tool_call> lines, then <answer>...</answer>."""
+    """A person plays: observation, reward and turn each turn; type an action (\\boxed{} added if missing); an
+    empty line takes no turn. tool_use: the tools are listed; type <tool_call>{...}</tool_call> lines, then
+    <answer>...</answer>. Ends, as --actions does, with the outcome as one JSON line."""
+    reward, terminated, failure, turns = None, False, None, 0
     try:
         with envs.open_env(code, max_turns, limits) as env:
             print(envs.parse_reset(env.call("reset", seed)))
             tools = envs.parse_tools(env.call(":tools")) if setting == "tool_use" else None
             if tools:
                 print(json.dumps(envs.tool_schemas(tools), indent=1))
-            turn = 1
-            while turn <= max_turns:
-                try:
-                    line = input(f"[turn {turn}] {'reply' if tools else 'action'}> ").strip()
-                except EOFError:
-                    break
+            truncated = False
+            while turns < (env.max_turns or max_turns) and not (terminated or truncated):
+                line = input(f"[turn {turns + 1}] {'reply' if tools else 'action'}> ").strip()
+                if not line:
+                    continue
                 results = tool_line(env, line, tools) if tools else None
                 if results is not None:
                     print(results)
                     continue
-                turn += 1
-                action = line if tools else typed_action(line)
-                obs, reward, terminated, truncated = envs.parse_step(env.call("step", action))
-                print(f"{obs}\n(reward {reward}, turn {turn - 1}{', terminated' if terminated else ''}"
+                turns += 1
+                obs, reward, terminated, truncated = envs.parse_step(env.call("step", line if tools else
+                                                                               typed_action(line)))
+                print(f"{obs}\n(reward {reward}, turn {turns}{', terminated' if terminated else ''}"
                       f"{', truncated' if truncated else ''})")
-                if terminated or truncated:
-                    break
     except (SandboxError, envs.ContractError) as err:
+        failure = getattr(err, "reason", "contract")
         print(f"environment failed: {err}")
-        return 1
-    except KeyboardInterrupt:
+    except (EOFError, KeyboardInterrupt):   # Ctrl-D / Ctrl-C at the prompt: end the line the prompt left open
         print()
-    return 0
+    print(json.dumps({"return": envs.episode_return(reward, terminated, failure is not None), "turns": turns,
+                      "terminated": terminated, "failure": failure}))
+    return 1 if failure else 0
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -425,8 +444,9 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
 def cmd_score(path: str) -> int:
     """`spade-mini score FILE.json`: the designer rewards and both roles' advantages of one window of outcomes,
     computed by regret.score_window (the function the training loop calls); the last stdout line is JSON."""
+    raw = read_file(path, limit=100_000_000)   # a missing file says so (InputError is a ValueError too)
     try:
-        data = json.loads(read_file(path, limit=100_000_000).decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as err:
         raise InputError(f"{path}: not JSON ({type(err).__name__})") from None
     given = check_score_input(data, regret.DESIGNER_REWARDS, regret.HANG_PENALTY)
@@ -569,8 +589,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 # Standard library, matplotlib (Agg backend, no display) and envs.py (no torch), so a report renders on any machine.
 
 # (file, title, y label, metric keys, y range always shown or None, caption). Keys missing from the run are
-# skipped; a figure with no data is still drawn, with a note, so the page layout is the same for every run. The
-# fixed y ranges make two runs' reports comparable at a glance (values outside still widen the axis).
+# skipped; a figure with no data at all is left out and named in one line under the others (NOT_LOGGED says why
+# where that is not obvious). The fixed y ranges make two runs' reports comparable at a glance (values outside
+# still widen the axis).
 FIGURES = [
     ("returns.png", "Agent return with and without the hint", "mean episode return",
      ["agent/return_hint", "agent/return_nohint", "agent/win_rate"], (-1.05, 1.05),
@@ -607,6 +628,8 @@ FIGURES = [
     ("other.png", "Everything else logged", "", [], None, "One panel per numeric metric no figure above shows."),
 ]
 PANELS = {"behaviour.png", "update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
+NOT_LOGGED = {"memory.png": " (CUDA runs only)", "eval.png": " (train with --eval-every N)",
+              "rejections.png": " (no designer attempts: an --env-pool run)"}
 STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v")]   # coinciding curves stay visible
 PLAIN = {"env/regret", "env/count", "env/hung", "env/diversity"}  # env/* keys that are not 'statistics'
 TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/return_hint", "env/regret",
@@ -693,14 +716,11 @@ def line_figure(path: Path, title: str, ylabel: str, records: list[dict], keys: 
                 ylim: tuple[float, float] | None) -> None:
     fig = new_figure(figsize=(6.4, 3.6))
     ax = fig.subplots()
-    if plot_lines(ax, records, keys):
-        ax.legend(fontsize=8)
-        if ylim:
-            lo, hi = ax.get_ylim()
-            ax.set_ylim(min(lo, ylim[0]), max(hi, ylim[1]))
-    else:
-        ax.text(0.5, 0.5, "not logged in this run:\n" + ", ".join(keys), ha="center", va="center",
-                transform=ax.transAxes, fontsize=9, color="gray")
+    plot_lines(ax, records, keys)   # keys with data only (write_report leaves a figure with none out)
+    ax.legend(fontsize=8)
+    if ylim:
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, ylim[0]), max(hi, ylim[1]))
     ax.set(title=title, xlabel="step", ylabel=ylabel)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -719,7 +739,7 @@ def rejections_figure(path: Path, records: list[dict]) -> None:
         bottom = [b + c for b, c in zip(bottom, counts)]
     if reasons:   # outside the axes, so that no bar hides under it
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    else:
+    else:   # attempts, all valid
         ax.text(0.5, 0.5, "no rejected attempts", ha="center", va="center", transform=ax.transAxes, color="gray")
     step_axis(ax, records)
     ax.set(title="Rejected designer attempts by reason", xlabel="step", ylabel="attempts")
@@ -731,9 +751,8 @@ def numeric(keys: list[str], records: list[dict]) -> list[str]:
     return [k for k in keys if any(number(r.get(k)) is not None for r in records)]
 
 
-def panels_figure(path: Path, records: list[dict], keys: list[str]) -> list[str]:
-    """Small multiples, one panel per metric with data (their scales differ: lines of code vs shares)."""
-    keys = numeric(keys, records)
+def panels_figure(path: Path, records: list[dict], keys: list[str]) -> None:
+    """Small multiples, one panel per metric (each with data; their scales differ: lines of code vs shares)."""
     cols = 3
     rows = max(1, math.ceil(len(keys) / cols))
     fig = new_figure(figsize=(9.6, 2.6 * rows))
@@ -745,11 +764,8 @@ def panels_figure(path: Path, records: list[dict], keys: list[str]) -> list[str]
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    if not keys:
-        axes[0][0].text(0.5, 0.5, "nothing of this kind logged", ha="center", va="center", color="gray")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    return keys
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -757,8 +773,8 @@ def panels_figure(path: Path, records: list[dict], keys: list[str]) -> list[str]
 
 PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}}
-table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
+table{{border-collapse:collapse;font-size:12px}}div.wide{{overflow-x:auto}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
 pre{{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}}img{{max-width:100%}}
 .note{{color:#666}}blockquote{{border-left:3px solid #aaa;margin:0;padding-left:8px}}</style></head>
 <body>
@@ -779,12 +795,15 @@ def fmt(value) -> str:
 
 
 def table(rows: list[list], header: list[str]) -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    """An HTML table; a metric's name breaks after its role ("loss/<br>grad_norm"), so that the per-step table's
+    columns fit the page (tests/test_report.py measures them)."""
+    head = "".join(f"<th>{esc(h).replace('/', '/<br>')}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[tuple[str, str, str]]) -> str:
+def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[tuple[str, str, str]],
+               left_out: list[str]) -> str:
     cfg = header.get("config", {})
     knobs = ["model", "preset", "steps", "seed", "designer_reward", "no_designer_training", "no_memory",
              "no_corpus", "env_pool", "skills", "envs_per_step", "plays", "hinted_plays"]
@@ -796,11 +815,19 @@ def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[t
         parts.append('<p class="note"><b>This run has no completed steps yet</b> (metrics.jsonl holds no step '
                      "record). Rerun the report after the first step finishes.</p>")
         return PAGE.format(title="spade-mini report", body="\n".join(parts))
+    samples = [number(r.get(k)) for r in records for k in ("loss/samples_agent", "loss/samples_designer")]
+    if any(n is not None for n in samples) and not any(samples):
+        parts.insert(1, "<p><b>Nothing was trained in this run</b>: no step had a sample to learn from "
+                        "(loss/samples_agent and loss/samples_designer are 0 at every step), so the weights are the "
+                        "base model's.</p>")
     parts.append("<h2>Per step</h2>")
-    parts.append(table([[r["step"]] + [fmt(r.get(k)) for k in TABLE] for r in records], ["step"] + TABLE))
+    parts.append('<div class="wide">' + table([[r["step"]] + [fmt(r.get(k)) for k in TABLE] for r in records],
+                                              ["step"] + TABLE) + "</div>")
     for file, title, caption in figures:
         parts.append(f'<h2>{esc(title)}</h2>\n<img src="{esc(file)}" alt="{esc(title)}">'
                      f'\n<p class="note">{esc(caption)}</p>')
+    if left_out:
+        parts.append(f'<p class="note">Not drawn, nothing of it logged in this run: {esc("; ".join(left_out))}.</p>')
     return PAGE.format(title="spade-mini report", body="\n".join(parts))
 
 
@@ -839,10 +866,10 @@ def env_section(step: int, py: Path, episode: dict | None) -> str:
     ])
 
 
-def envs_page(run_dir: Path) -> str:
+def envs_page(run_dir: Path, samples: list[dict]) -> str:
     """Every envs/step_NNNNN/*.py with its .json scores and the first logged episode of (step, env_id)."""
     episodes: dict[tuple, dict] = {}
-    for r in runs.read_jsonl(run_dir / "samples.jsonl"):
+    for r in samples:
         if r.get("kind") == "episode":
             episodes.setdefault((r.get("step"), r.get("env_id")), r)
     sections, toc = [], []
@@ -859,10 +886,10 @@ def envs_page(run_dir: Path) -> str:
     return PAGE.format(title="spade-mini environments", body="\n".join(body + sections))
 
 
-def designs_page(run_dir: Path) -> str:
+def designs_page(samples: list[dict]) -> str:
     """Every designer attempt of samples.jsonl: step, slot, attempt, skill, verdict, reason and what it wrote."""
     sections = []
-    for r in runs.read_jsonl(run_dir / "samples.jsonl"):
+    for r in samples:
         if r.get("kind") != "design":
             continue
         verdict = r.get("verdict") or {}
@@ -884,42 +911,52 @@ def designs_page(run_dir: Path) -> str:
 
 def write_report(run_dir: str | Path) -> Path:
     """Write RUN_DIR/report/{index.html, envs.html, designs.html, *.png}; returns the index path. Raises FileNotFoundError
-    for a directory that is not a run. A run with no completed step gets a page saying so, and no figures."""
-    run_dir = Path(run_dir)
+    for a directory that is not a run. A run with no completed step gets a page saying so, and no figures; a figure
+    with nothing logged (GPU memory on a CPU run, held-out scores without --eval-every) is left out and named."""
+    return report_and_steps(Path(run_dir))[0]
+
+
+def report_and_steps(run_dir: Path) -> tuple[Path, int]:
+    """write_report, and how many completed steps the report shows."""
     if not ((run_dir / "metrics.jsonl").exists() or (run_dir / "config.json").exists()):
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl or config.json (not a spade-mini run directory)")
-    header, records = load_run(run_dir)
+    header, records = load_run(run_dir)   # each file read once: a bad line is warned about once
+    samples = runs.read_jsonl(run_dir / "samples.jsonl")
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    figures, shown = [], set()
+    figures, shown, left_out = [], set(), []
     for file, title, ylabel, keys, ylim, caption in FIGURES if records else []:
         keys = [k for k in expand(keys, records) if k not in shown and not (file == "env_stats.png" and k in PLAIN)]
         if file == "other.png":
             keys = [k for k in sorted({k for r in records for k in r}) if k not in shown and k != "step"]
+        designed = any(number(r.get("designer/attempts")) for r in records)
+        drawn = (["designer/rejections"] if designed else []) if file == "rejections.png" else numeric(keys, records)
+        (out / file).unlink(missing_ok=True)   # a previous report's figure of it
+        if not drawn:
+            left_out.append(title + NOT_LOGGED.get(file, ""))
+            continue
         if file == "rejections.png":
             rejections_figure(out / file, records)
-            drawn = ["designer/rejections"]
         elif file in PANELS:
-            drawn = panels_figure(out / file, records, keys)
+            panels_figure(out / file, records, drawn)
         else:
-            line_figure(out / file, title, ylabel, records, keys, ylim)
-            drawn = numeric(keys, records)
+            line_figure(out / file, title, ylabel, records, drawn, ylim)
         shown |= set(drawn)
-        figures.append((file, title, caption + " Drawn: " + (", ".join(drawn) or "nothing logged") + "."))
-    (out / "envs.html").write_text(envs_page(run_dir), encoding="utf-8")
-    (out / "designs.html").write_text(designs_page(run_dir), encoding="utf-8")
+        figures.append((file, title, caption + " Drawn: " + ", ".join(drawn) + "."))
+    (out / "envs.html").write_text(envs_page(run_dir, samples), encoding="utf-8")
+    (out / "designs.html").write_text(designs_page(samples), encoding="utf-8")
     index = out / "index.html"
-    index.write_text(index_page(run_dir, header, records, figures), encoding="utf-8")
-    return index
+    index.write_text(index_page(run_dir, header, records, figures, left_out), encoding="utf-8")
+    return index, len(records)
 
 
 def cmd_report(run_dir: str) -> int:
     """`spade-mini report RUN_DIR`: write the report and print where it is."""
     try:
-        index = write_report(run_dir)
+        index, steps = report_and_steps(Path(run_dir))
     except FileNotFoundError as err:
         raise InputError(str(err)) from None
-    if not load_run(Path(run_dir))[1]:
+    if not steps:
         print(f"{run_dir}: no completed steps yet; wrote a placeholder page")
     print(f"report: {index}")
     return 0
@@ -964,6 +1001,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["score"].add_argument("file", help="a JSON file of outcomes (format in docs/score.md)")
     add_eval_flags(p["eval"])
     p["report"].add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    parser.commands = p
     return parser
 
 
@@ -988,23 +1026,29 @@ def run_command(args: dict) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
-    args = vars(parser.parse_args(argv))
+    args, unknown = parser.parse_known_args(argv)
+    args = vars(args)
+    if unknown:   # the subcommand's usage, not the top level's (argparse's default)
+        parser.commands.get(args.get("command"), parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.get("command") is None:   # bare `spade-mini`: what it can do (the demo is `spade-mini train`)
         parser.print_help()
         return 0
-    command = args["command"]
     try:
-        return run_command(args)
+        code = run_command(args)
+        sys.stdout.flush()   # a closed pipe shows here, not at exit
+        return code
     except InputError as err:
         print(f"spade-mini: error: {err}", file=sys.stderr)
         return 2
     except runs.PeerError as err:
-        print(f"spade-mini: error: {err}; continue with --resume RUN_DIR", file=sys.stderr)
+        print(f"spade-mini: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        hint = "; continue with --resume RUN_DIR" if command == "train" else ""
-        print(f"spade-mini: interrupted{hint}", file=sys.stderr)
+        print("spade-mini: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # `| head` stopped reading: quiet, and nothing left for the exit-time flush to write
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -494,11 +494,11 @@ def _readable(code: str | bytes | None) -> str:
 
 def _open_checked(code: str, max_turns: int, limits: Limits, checks: dict[str, bool]) -> EnvProcess:
     """open_env, recording which of compiles/env_class/instantiates passed before a failure."""
-    passed_before = {"no_env_class": ("compiles",), "init_error": ("compiles", "env_class")}
+    passed_before = {"syntax": (), "no_env_class": ("compiles",)}   # any other: blamed on instantiating
     try:
         env = open_env(code, max_turns, limits)
-    except SandboxError as err:
-        checks.update(dict.fromkeys(passed_before.get(err.reason, ()), True))
+    except SandboxError as err:   # e.g. an __init__ refused by the sandbox ('forbidden') or too slow ('timeout')
+        checks.update(dict.fromkeys(passed_before.get(err.reason, ("compiles", "env_class")), True))
         raise Rejected(err.reason, err.detail) from None
     checks.update(compiles=True, env_class=True, instantiates=True)
     return env

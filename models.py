@@ -16,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import logging
 import math
 import os
 import random
@@ -28,6 +29,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+# note: bitsandbytes warns on import, on CPUs with AVX512-BF16, that its optional CPU NF4 kernel (the Hub's
+# `kernels` package) is missing; spade-mini never uses that kernel (_no_cpu_repack), so the warning is noise
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 import torch
 import torch.distributed as dist
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -454,17 +458,41 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
         config.compile_config = CompileConfig(**{k: v for k, v in STATIC_COMPILE.items() if k != "all_devices"})
         config.compile_config._compile_all_devices = STATIC_COMPILE.get("all_devices")   # CPU tests trace too
         criteria.append(_DummyRowsDone(n_real, ids.shape[0], model.device))
+    criteria_and_count = dict(stopping_criteria=criteria, streamer=_CountTokens(n_real))
     devices = [model.device] if model.device.type == "cuda" else []
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache):
             torch.manual_seed(seed)  # subtle: HF samples from the global RNG; fork_rng keeps the caller's intact
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                 stopping_criteria=criteria, **({"cache": cache} if cache is not None else {}))
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **criteria_and_count,
+                                 **({"cache": cache} if cache is not None else {}))
     finally:
         model.train(was_training)
     return out.sequences, out.cache  # (B, T + N)
+
+
+_SAMPLED = [0]   # tokens generate sampled in this process so far, real rows only (the phase progress bar)
+
+
+def tokens_sampled() -> int:
+    return _SAMPLED[0]
+
+
+class _CountTokens:
+    """A generate streamer that counts the tokens of the first `rows` rows as they are sampled (its first put
+    is the prompt). note: on CUDA this copies one token per row to the host each step, which HF's stop check
+    waits for anyway."""
+
+    def __init__(self, rows: int):
+        self.rows, self.prompt_seen = rows, False
+
+    def put(self, value: torch.Tensor) -> None:
+        _SAMPLED[0] += min(value.numel(), self.rows) if self.prompt_seen else 0
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
 
 
 @contextlib.contextmanager
@@ -600,6 +628,7 @@ def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep:
     for name, text in files.items():
         (tmp / name).write_text(text, encoding="utf-8")
     for f in tmp.iterdir():            # the rename below must never publish half-written files
+        os.chmod(f, 0o666 & ~runs.current_umask())   # subtle: safetensors writes its file 0600
         with open(f, "rb+") as fh:
             os.fsync(fh.fileno())
     shutil.rmtree(folder, ignore_errors=True)

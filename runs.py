@@ -5,13 +5,16 @@ overrides. The rest is a support module (a first read of the method may skip it)
 config.json, metrics.jsonl (the resolved config first, then one record per step), samples.jsonl (designer
 attempts with verdicts, window scores, environments, a few episodes), memory.json, envs/step_NNNNN/ (each
 program and, at its window's end, its scores) and checkpoints/. Files are replaced atomically or appended line
-by line; readers tolerate a torn last line. Also here: the grounding corpus (files a run reads), the step's
-metrics record and printed line, and the one error class for bad user input.
+by line, with the permissions the umask gives (a run on a shared server is as readable as any file there);
+readers tolerate a torn last line; a resume refuses a run whose logged steps lost their checkpoints. Also here:
+the grounding corpus (files a run reads), the step's metrics record, printed line and live progress, and the one
+error class for bad user input.
 
 Standard library only, so `validate`, `play` and `report` never wait for torch or numpy.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -22,6 +25,7 @@ import signal
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -163,6 +167,7 @@ def write_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())   # subtle: mkstemp makes 0600; a run is as readable as any file
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -176,6 +181,17 @@ def write_atomic(path: str | Path, text: str) -> None:
         os.fsync(dir_fd)   # the rename itself survives a power cut only once the directory is synced
     finally:
         os.close(dir_fd)
+
+
+def current_umask() -> int:
+    """The process's umask: read from /proc on Linux, elsewhere set and put straight back (os.umask can only
+    read it by changing it, which another thread creating a file at that moment would see)."""
+    try:
+        return int(re.search(r"^Umask:\s*([0-7]+)", Path("/proc/self/status").read_text(), re.M).group(1), 8)
+    except (OSError, AttributeError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
@@ -296,6 +312,25 @@ def steps_done(run: Run) -> int:
         raise InputError(f"--resume: {ckpt} has an unreadable state.json ({err})") from err
 
 
+def resume_start(run: Run, checkpoint_every: int) -> int:
+    """The step a resume starts at; InputError when metrics.jsonl logged steps that a checkpoint no longer there
+    must have held (the checkpoints were deleted), rather than start over and rewind them."""
+    start = steps_done(run)
+    logged = max((r["step"] for r in read_jsonl(run.metrics) if type(r.get("step")) is int), default=-1)
+    covered = (logged // checkpoint_every) * checkpoint_every   # the steps the checkpoints written must hold
+    if start < covered:   # note: a step is logged before its checkpoint, so the last one may be missing
+        held = f"up to step {start - 1}" if start else "none"
+        raise InputError(f"--resume: {run.root} logged steps up to {logged} but its checkpoints hold {held} "
+                         f"({run.checkpoints}/step_*/state.json); a resume would redo them and rewind "
+                         "metrics.jsonl; restore the checkpoints, or start a new run with --out")
+    return start
+
+
+def new_out() -> str:
+    """The directory of a run started without --out."""
+    return time.strftime("runs/%Y%m%d-%H%M%S")
+
+
 def check_new_out(out: str) -> None:
     if out and Run(out).metrics.exists():
         raise InputError(f"--out: {out} already holds a run; use --resume {out} or another --out")
@@ -307,12 +342,12 @@ def open_run(cfg):
     step)."""
     if cfg.resume:
         run = Run(cfg.resume)
-        start = steps_done(run)
+        start = resume_start(run, cfg.checkpoint_every)
         if start == 0:
             run.memory.unlink(missing_ok=True)  # the memory of a step that never reached a checkpoint
         run.rewind(start)
     else:
-        run = Run(cfg.out or time.strftime("runs/%Y%m%d-%H%M%S"))
+        run = Run(cfg.out or new_out())
         check_new_out(str(run.root))
         run.root.mkdir(parents=True, exist_ok=True)
         cfg, start = dataclasses.replace(cfg, out=str(run.root)), 0
@@ -478,6 +513,31 @@ def log_samples(run: Run, step: int, window, live: list, first: bool, window_rec
                             hinted=ep.spec.hint is not None, seed=ep.spec.seed, **{"return": ep.episode_return},
                             turns=ep.turns, terminated=ep.terminated, truncated=ep.truncated,
                             failure=ep.failure, transcript=ep.transcript))
+
+
+@contextlib.contextmanager
+def ticking(bar, name: str, tokens_sampled, every: float = 2.0):
+    """While a phase runs, the step's progress bar (tqdm) shows the phase, the tokens sampled in it so far
+    (tokens_sampled() counts them, models.py) and its elapsed time, redrawn every `every` seconds, so that a
+    long design or play phase is not mistaken for a hang."""
+    start, stop = tokens_sampled(), threading.Event()
+
+    def show() -> None:
+        bar.set_postfix_str(f"{name}, {tokens_sampled() - start:,} tokens sampled")   # redraws, [elapsed] too
+
+    def tick() -> None:
+        while not stop.wait(every):
+            show()
+    show()
+    ticker = threading.Thread(target=tick, daemon=True, name=f"progress-{name}")
+    if not bar.disable:
+        ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if ticker.is_alive():
+            ticker.join()
 
 
 def print_step(record: dict) -> None:

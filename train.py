@@ -399,10 +399,10 @@ def optimize(st: State, step: int, samples: list) -> dict:
 
 @contextlib.contextmanager
 def phase(bar, clock: dict, name: str):
-    """Time one phase into clock['perf/<name>_s'] and advance the step's progress bar."""
-    bar.set_postfix_str(name)
+    """Time one phase into clock['perf/<name>_s'] and advance the step's progress bar (live while it runs)."""
     t = time.time()
-    yield
+    with runs.ticking(bar, name, models.tokens_sampled):
+        yield
     clock[f"perf/{name}_s"] = time.time() - t
     clock.update(models.phase_memory(name))   # CUDA: peak allocated and reserved, then the cache freed
     bar.update()

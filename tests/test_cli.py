@@ -1,13 +1,18 @@
 """The command line as a newcomer meets it: every bad input is one line `spade-mini: error: ...` with exit code 2,
-in well under a second (nothing heavy is imported), and leaves no run directory behind; help and play behave."""
+in well under a second (nothing heavy is imported), and leaves no run directory behind; help and play behave;
+piped output, plan's exit code, Ctrl-C's message and the live progress of a phase (models.py counts the tokens)."""
 import json
+import os
+import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 import cli
+import runs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -118,3 +123,158 @@ def test_validate_marks_the_failed_check_and_the_ones_never_reached(tmp_path, ca
     assert cli.main(["validate", str(env)]) == 1
     lines = {line.split()[-1]: line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]}
     assert lines["instantiates"] == "ok" and lines["reset_42"] == "FAIL" and lines["deterministic"] == "-"
+
+
+@pytest.mark.parametrize("argv", [["validate", str(EXAMPLES / "grid.py")], ["plan", "--preset", "4b"]],
+                         ids=["validate", "plan"])
+def test_output_piped_into_a_reader_that_stopped_ends_quietly_with_exit_141(argv):
+    """`spade-mini ... | head -1`: the reader is gone before the output is written (its end closed first)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, str(ROOT / "cli.py"), *argv], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flags,named", [(["--steps", "-1"], "--steps"), (["--temperature", "-1"], "--temperature"),
+                                         (["--top-p", "2"], "--top-p")], ids=["steps", "temperature", "top-p"])
+def test_a_bad_number_is_refused_before_torch_is_imported_naming_one_flag(flags, named, tmp_path):
+    program = ("import sys, cli\n"
+               f"assert cli.main(['train', *{flags!r}, '--out', {str(tmp_path / 'run')!r}]) == 2\n"
+               "assert 'torch' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stderr.strip()
+    flags_named = re.findall(r"--[a-z-]+", line)
+    assert line.startswith("spade-mini: error: ") and flags_named == [named], line
+
+
+def test_an_unknown_train_flag_prints_the_train_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--stepz", "3"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "usage: spade-mini train" in err and "--stepz 3" in err
+
+
+def test_score_of_a_missing_file_says_no_such_file(tmp_path, capsys):
+    assert cli.main(["score", str(tmp_path / "nosuch.json")]) == 2
+    assert one_error_line(capsys).endswith("nosuch.json: no such file")
+
+
+def test_ctrl_c_during_train_names_the_real_run_directory(tmp_path, monkeypatch, capsys):
+    """A run started without --out: the message names the directory it writes (runs/<date>-<time>)."""
+    def interrupted_train(cfg):
+        runs.open_run(cfg)
+        raise KeyboardInterrupt
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=interrupted_train,
+                                                                   active_skills=lambda cfg, step: []))
+    monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None))
+    assert cli.main(["train", "--model", "tiny-random"]) == 130
+    err = capsys.readouterr().err.strip()
+    run_dir = err.rsplit("--resume ", 1)[-1]
+    assert err.startswith("spade-mini: interrupted; continue with --resume runs/")
+    assert (tmp_path / run_dir / "config.json").exists()
+
+
+def test_plan_of_a_run_that_does_not_fit_exits_1(capsys):
+    assert cli.main(["plan", "--preset", "4b", "--gpu-gb", "8"]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+
+
+def test_plan_of_the_demo_model_before_its_conversion_says_to_train_once(tmp_path, capsys):
+    assert cli.main(["plan", "--preset", "tiny", "--gpu-gb", "8", "--cache-dir", str(tmp_path)]) == 2
+    assert "spade-mini train" in one_error_line(capsys)
+
+
+def test_plan_without_flags_suggests_a_gpu_preset(capsys):
+    assert cli.main(["plan"]) == 2
+    assert "spade-mini plan --preset 4b" in one_error_line(capsys)
+
+
+def test_train_help_has_no_double_negative_flags():
+    text = cli.build_parser("train").commands["train"].format_help()
+    assert "--no-memory" in text and "--no-gradient-checkpointing" in text and "--no-no-" not in text
+
+
+def test_the_top_level_description_names_every_command():
+    description = cli.build_parser(None).description
+    assert all(command in description for command in cli.COMMANDS), description
+
+
+@pytest.mark.parametrize("case", ["refused", "raises"])
+def test_validate_blames_instantiates_for_an_init_that_fails(case, tmp_path, capsys):
+    body = {"refused": "self.text = open('/etc/passwd').read()", "raises": "raise ValueError('no')"}[case]
+    env = tmp_path / "bad.py"
+    env.write_text(f"class BadEnv:\n    def __init__(self):\n        {body}\n"
+                   "    def reset(self, seed=None):\n        return 'go', {}\n")
+    assert cli.main(["validate", str(env)]) == 1
+    lines = {line.split()[-1]: line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert (lines["compiles"], lines["env_class"], lines["instantiates"], lines["reset_42"]) == ("ok", "ok", "FAIL", "-")
+
+
+def play_typing(monkeypatch, lines: list[str]) -> list[str]:
+    """Interactive play with `lines` typed, then Ctrl-D; returns the prompts shown."""
+    prompts, typed = [], iter(lines)
+
+    def fake_input(prompt: str) -> str:
+        prompts.append(prompt)
+        line = next(typed, None)
+        if line is None:
+            raise EOFError
+        return line
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert cli.main(["play", str(EXAMPLES / "grid.py"), "--seed", "3"]) == 0
+    return prompts
+
+
+def test_interactive_play_an_empty_line_takes_no_turn(monkeypatch, capsys):
+    assert play_typing(monkeypatch, ["", "  ", "right"]) == ["[turn 1] action> "] * 3 + ["[turn 2] action> "]
+
+
+def test_interactive_play_ctrl_d_ends_the_prompts_line(monkeypatch, capsys):
+    play_typing(monkeypatch, [])
+    assert capsys.readouterr().out.splitlines()[-2] == ""   # the newline after the prompt, then the outcome
+
+
+def test_interactive_play_ends_with_the_outcome_as_json_like_actions(monkeypatch, capsys):
+    moves = (EXAMPLES / "grid_seed3_moves.txt").read_text().split()
+    play_typing(monkeypatch, moves)
+    outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert outcome == {"return": 1.0, "turns": len(moves), "terminated": True, "failure": None}
+
+
+def test_a_phase_shows_tokens_sampled_and_elapsed_time_while_it_runs():
+    """The step's bar redraws during a phase (not only at its end): the tokens sampled so far, the time."""
+    import io
+    import threading
+    import time
+    from tqdm import tqdm
+    sampled, out = [0], io.StringIO()
+    bar = tqdm(total=5, desc="step 0", file=out, bar_format="{desc}: phase {n}/{total} {postfix} [{elapsed}]")
+    with runs.ticking(bar, "design", lambda: sampled[0], every=0.05):
+        for _ in range(6):
+            sampled[0] += 100
+            time.sleep(0.1)
+    shown = [int(n.replace(",", "")) for n in re.findall(r"design, ([\d,]+) tokens sampled \[00:0\d\]", out.getvalue())]
+    assert len(shown) >= 4 and shown == sorted(shown) and shown[-1] >= 100, out.getvalue()
+    assert not any(t.name == "progress-design" for t in threading.enumerate())   # the ticker stopped with the phase
+
+
+def test_generate_counts_the_tokens_it_samples(tmp_path):
+    import models
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                      gradient_checkpointing=False, cache_dir=str(tmp_path), seed=0)
+    before = models.tokens_sampled()
+    outs = models.generate(model, tok, [[1, 2, 3], [4, 5]], max_new_tokens=6, temperature=0.0, top_p=1.0, top_k=0,
+                           seed=0)
+    assert models.tokens_sampled() - before == 2 * max(len(o.completion_ids) for o in outs) > 0
+
+
+def test_importing_models_silences_bitsandbytes_missing_cpu_kernel_warning():
+    import logging
+    import models  # noqa: F401
+    assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)

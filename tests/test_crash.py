@@ -1,4 +1,5 @@
 """Crash safety: a run killed with SIGKILL at any point resumes with valid files and no lost or repeated step."""
+import dataclasses
 import json
 import os
 import signal
@@ -69,3 +70,44 @@ def test_resume_with_a_corrupted_config_is_a_one_line_error(tmp_path, capsys):
     assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unreadable config.json" in err[0]
+
+
+def test_resume_of_a_run_whose_checkpoints_are_gone_is_a_one_line_error_and_rewinds_nothing(tmp_path, capsys):
+    """Steps 0 and 1 are logged but checkpoints/ was deleted: a resume would start over and cut metrics.jsonl."""
+    out = tmp_path / "run"
+    out.mkdir()
+    small = dict(model="tiny-random", steps=3, envs_per_step=1, design_attempts=1, plays=2, hinted_plays=0,
+                 max_turns=1, designer_max_new_tokens=8, agent_max_new_tokens=8, agent_max_episode_tokens=8,
+                 no_corpus=True, backfill="", out=str(out))   # without the check it trains, quickly, from step 0
+    (out / "config.json").write_text(json.dumps({**dataclasses.asdict(runs.Config()), **small}))
+    metrics = "".join(json.dumps(r) + "\n" for r in ({"config": {}}, {"step": 0}, {"step": 1}))
+    (out / "metrics.jsonl").write_text(metrics)
+    assert cli.main(["train", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "logged steps up to 1 but its checkpoints hold none" in err[0], err
+    assert (out / "metrics.jsonl").read_text() == metrics
+
+
+def test_an_atomically_written_file_honours_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        runs.write_atomic(tmp_path / "config.json", "{}\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "config.json").stat().st_mode & 0o777 == 0o640
+
+
+def test_every_file_of_a_run_honours_the_umask(tmp_path):
+    """Colleagues on a shared server can read a run: umask 022 gives 0644 files, the checkpoint's adapter too."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text(ECHO_ENV)
+    out = tmp_path / "run"
+    old = os.umask(0o022)
+    try:
+        assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    finally:
+        os.umask(old)
+    modes = {str(p.relative_to(out)): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert "checkpoints/step_00000/adapter_model.safetensors" in modes
+    assert {name: mode for name, mode in modes.items() if mode != 0o644} == {}

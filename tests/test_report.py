@@ -50,11 +50,14 @@ def run_dir(tmp_path) -> Path:
     return run
 
 
-def test_index_links_every_figure_and_each_is_a_valid_png(run_dir):
+def test_index_links_every_figure_with_data_and_each_is_a_valid_png(run_dir):
     index = cli.write_report(run_dir)
     assert index == run_dir / "report" / "index.html"
     page = index.read_text()
-    for file, *_ in cli.FIGURES:
+    for file, title, *_ in cli.FIGURES:
+        if file in ("memory.png", "behaviour.png"):   # nothing of them logged here: named in one line instead
+            assert title in page.split("Not drawn, nothing of it logged in this run:")[1]
+            continue
         assert f'src="{file}"' in page
         png = run_dir / "report" / file
         data = png.read_bytes()
@@ -156,3 +159,54 @@ def test_the_report_shows_the_steps_a_resume_extended_the_run_to(run_dir):
     (run_dir / "config.json").write_text(json.dumps({"model": "tiny-random", "preset": "tiny", "steps": 5}))
     page = cli.write_report(run_dir).read_text()
     assert "<tr><td>steps</td><td>5</td></tr>" in page
+
+
+def test_a_figure_with_nothing_logged_is_left_out_and_named(run_dir):
+    """A CPU run logs no GPU memory; a run without --eval-every no held-out score: no empty axes for them."""
+    records = [{k: v for k, v in step_record(i).items() if not k.startswith("eval/")} for i in range(2)]
+    write_jsonl(run_dir / "metrics.jsonl", [{"config": {"model": "tiny-random"}}, *records])
+    page = cli.write_report(run_dir).read_text()
+    for file, title in (("memory.png", "GPU memory per phase"), ("eval.png", "Held-out evaluation")):
+        assert f'src="{file}"' not in page and not (run_dir / "report" / file).exists()
+        assert title in page.split("Not drawn, nothing of it logged in this run:")[1]
+    assert 'src="returns.png"' in page
+
+
+def test_a_corrupt_middle_line_is_warned_about_once_per_file(run_dir, capsys):
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        lines = (run_dir / name).read_text().splitlines(keepends=True)
+        (run_dir / name).write_text("".join(lines[:1] + ["{not json\n"] + lines[1:]))
+    assert cli.main(["report", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        assert err.count(f"unreadable lines in {run_dir / name}") == 1, err
+
+
+def test_a_run_where_nothing_trained_says_so_in_one_line_at_the_top(run_dir):
+    records = [step_record(i, **{"loss/samples_agent": 0, "loss/samples_designer": 0}) for i in range(2)]
+    write_jsonl(run_dir / "metrics.jsonl", [{"config": {"model": "tiny-random"}}, *records])
+    page = cli.write_report(run_dir).read_text()
+    assert page.index("Nothing was trained in this run") < page.index("<h2>")
+    write_jsonl(run_dir / "metrics.jsonl", [{"config": {"model": "tiny-random"}},
+                                            step_record(0, **{"loss/samples_agent": 8, "loss/samples_designer": 0})])
+    assert "Nothing was trained" not in cli.write_report(run_dir).read_text()
+
+
+def test_the_per_step_table_fits_the_page_at_1400_px():
+    """The per-step table's columns, measured in DejaVu Sans (wider than the browsers' default sans-serif) at the
+    page's table font size plus each cell's padding and border, fit the page body (max-width, below 1400 px)."""
+    import re
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+    body = int(re.search(r"body\{\{[^}]*max-width:(\d+)px", cli.PAGE).group(1))
+    size = int(re.search(r"table\{\{[^}]*font-size:(\d+)px", cli.PAGE).group(1))
+    header = re.findall(r"<th>(.*?)</th>", cli.table([], ["step"] + cli.TABLE))
+    widest_value = "-0.333"   # fmt(): three significant digits; step seconds like 1234 are narrower
+
+    def width(text: str, bold: bool = False) -> float:
+        prop = FontProperties(family="DejaVu Sans", weight="bold" if bold else "normal")
+        return TextPath((0, 0), text, size=size, prop=prop).get_extents().width
+
+    columns = [max(max(width(line, bold=True) for line in cell.split("<br>")), width(widest_value)) + 2 * 6 + 1
+               for cell in header]
+    assert body < 1400 and sum(columns) <= body, (sum(columns), body)
