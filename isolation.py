@@ -406,6 +406,93 @@ def _wait_gone(pids: list, timeout: float = 2.0) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Tool schemas: the one thing a generated environment supplies that the trainer interprets itself (envs.parse_tools
+# lets jsonschema check the agent's arguments against them). So they are checked here first, every time they are
+# read: a whitelist of the keywords a tool schema needs, each value of its one allowed type, bounded in size and
+# nesting, by a loop that cannot recurse, hang or raise. No reference ($ref: recursion, remote fetches), no
+# combinator (allOf/anyOf/oneOf/not: exponential work), no regular expression (pattern: uncompilable or
+# catastrophic), no format. What passes costs jsonschema time linear in the schema and the arguments.
+
+_SCHEMA_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+_SCHEMA_TEXT = ("description", "title")
+_SCHEMA_NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_SCHEMA_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "enum", "items", "additionalProperties", "default",
+                              *_SCHEMA_TEXT, *_SCHEMA_NUMBERS, *_SCHEMA_COUNTS})
+_SCHEMA_DEPTH = 8          # nesting of properties/items/additionalProperties below a tool's parameters
+
+
+def tools_problem(raw, max_bytes: int) -> str | None:
+    """Why an environment's tools (name -> {"description": str, "parameters": a JSON Schema of type object}) are
+    unusable, or None: a name that is no identifier, a keyword outside the whitelist, a value of the wrong type,
+    nesting deeper than _SCHEMA_DEPTH, or more than max_bytes of JSON (ASCII) for all of them. Never raises.
+
+    >>> tools_problem({"ls": {"description": "", "parameters": {"type": "object", "properties": {}}}}, 100)
+    >>> tools_problem({"ls": {"description": "", "parameters": {"type": "object", "$ref": "#"}}}, 100)
+    "tool ls: keyword '$ref' is not allowed in a tool schema"
+    """
+    try:
+        size = len(json.dumps(raw))
+    except Exception as exc:   # not JSON, or nested past the encoder's recursion limit
+        return f"tools are not plain JSON ({type(exc).__name__})"
+    if size > max_bytes:
+        return f"tools of {size} bytes of JSON > the {max_bytes} the memory plan allows"
+    if not (type(raw) is dict and raw):
+        return f"tools must be a non-empty dict of name -> spec, got {type(raw).__name__}"
+    for name, spec in raw.items():
+        if not (type(name) is str and name.isidentifier()):
+            return f"tool name {str(name)[:50]!r} is not an identifier"
+        if not (type(spec) is dict and type(spec.get("description")) is str and type(spec.get("parameters")) is dict
+                and spec["parameters"].get("type") == "object"):
+            return f"tool {name}: needs a description (str) and parameters of type object"
+        problem = _schema_problem(spec["parameters"])
+        if problem:
+            return f"tool {name}: {problem}"[:300]
+    return None
+
+
+def _schema_problem(schema: dict) -> str | None:
+    """The first whitelist violation in one tool's parameters, walked with an explicit stack."""
+    todo = [(schema, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if type(node) is not dict:
+            return f"a schema must be an object, got {type(node).__name__}"
+        if depth > _SCHEMA_DEPTH:
+            return f"schema nested deeper than {_SCHEMA_DEPTH} levels"
+        for key, value in node.items():
+            if type(key) is not str or key not in _SCHEMA_KEYWORDS:
+                return f"keyword {str(key)[:50]!r} is not allowed in a tool schema"
+            if not _keyword_ok(key, value):
+                return f"keyword {key!r} has a value of the wrong type or shape"
+            if key == "properties":
+                todo.extend((child, depth + 1) for child in value.values())
+            elif key in ("items", "additionalProperties") and type(value) is dict:
+                todo.append((value, depth + 1))
+    return None
+
+
+def _keyword_ok(key: str, value) -> bool:
+    kind = type(value)
+    if key == "type":
+        types = value if kind is list else [value]
+        return bool(types) and all(type(t) is str and t in _SCHEMA_TYPES for t in types)
+    if key in ("properties", "items"):
+        return kind is dict
+    if key == "additionalProperties":
+        return kind in (bool, dict)
+    if key == "required":
+        return kind is list and all(type(r) is str for r in value)
+    if key == "enum":
+        return kind is list and bool(value) and all(type(v) in (str, int, float, bool, type(None)) for v in value)
+    if key in _SCHEMA_TEXT:
+        return kind is str
+    if key in _SCHEMA_NUMBERS:
+        return kind in (int, float)
+    return key == "default" or (kind is int and value >= 0)   # the counts (minLength, ...)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The child. These functions are shipped as source text to the fresh interpreter and run only there; they use
 # nothing from this module's globals but each other.
 
