@@ -857,7 +857,8 @@ def _child_load(code: str, kwargs: dict, max_turns_cap):
     turns = None
     if max_turns_cap is not None:     # capped, never raised: min(its own max_turns, the runner's)
         own, failure = _child_run(getattr, (env, "max_turns", None), "init_error")
-        turns = min(own, max_turns_cap) if type(own) is int and own > 0 else max_turns_cap
+        # note: no min(): env code may have patched builtins while its module ran
+        turns = own if type(own) is int and 0 < own < max_turns_cap else max_turns_cap
         if not failure and turns != own:
             _, failure = _child_run(setattr, (env, "max_turns", turns), "init_error")
         if failure:

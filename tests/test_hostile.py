@@ -613,6 +613,24 @@ def test_class_name_that_is_not_a_string_fails_the_start():
     assert reason(attack(env(prelude=forged_reply('{"ok": true, "value": [1]}')))) == "bad_reply"
 
 
+def test_a_turn_cap_above_the_one_asked_for_is_a_bad_reply():
+    """The parent clamps what the child reports: a forged load reply claiming 40 turns under a cap of 12."""
+    code = env(prelude=forged_reply('{"ok": true, "value": ["AttackEnv", 40]}'))
+    with pytest.raises(SandboxError) as err:
+        EnvProcess(code, {}, Limits(call_timeout=TIMEOUT), max_turns=12)
+    assert err.value.reason == "bad_reply" and leftovers() == []
+
+
+def test_a_patched_min_does_not_raise_the_turn_cap_of_play():
+    """min() patched while the module loads once made the loader report the env's own 40 turns under a cap of 3."""
+    import cli
+    code = env(prelude="import builtins\nbuiltins.min = max\n", init="self.max_turns = 40")
+    with EnvProcess(code, {}, Limits(call_timeout=TIMEOUT), max_turns=3) as proc:
+        assert proc.max_turns == 3
+    played = cli.play_scripted(code, ["\\boxed{1}"] * 6, seed=0, max_turns=3, limits=Limits(call_timeout=TIMEOUT))
+    assert played["turns"] == 3
+
+
 # Class 4: the path checks call nothing env code can patch.
 
 def test_patched_path_helpers_do_not_open_host_files():
