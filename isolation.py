@@ -23,7 +23,8 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
  3. A seccomp-bpf filter (built by pyseccomp/libseccomp in the parent, installed by the child before any env code
     is compiled) refusing with EPERM: fork, vfork, execve, clone of a process (threads stay possible; clone3
     answers ENOSYS so glibc falls back to clone), sockets, ptrace and other processes' memory, mount and new
-    namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading.
+    namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading, file locks (flock,
+    fcntl record and OFD locks), leases and inotify: no channel between children through the files they share.
  4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
  5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
  6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
@@ -178,7 +179,8 @@ def _seccomp_program() -> tuple:
     """(BPF program, "") of the syscall filter, or (b"", why not). Refused with EPERM: creating processes (fork,
     vfork, execve, clone without CLONE_THREAD: threads stay possible), sockets, ptrace and reading other
     processes' memory, mount and new namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, loading
-    kernels or modules. clone3 answers ENOSYS, so glibc falls back to clone, whose flags the filter can read."""
+    kernels or modules, file locks, leases and inotify (no channel between children through the files they
+    share). clone3 answers ENOSYS, so glibc falls back to clone, whose flags the filter can read."""
     try:
         import pyseccomp as sc
         rules = sc.SyscallFilter(sc.ALLOW)
@@ -188,6 +190,8 @@ def _seccomp_program() -> tuple:
             except (OSError, ValueError):   # a syscall this architecture does not have
                 pass
         rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
+        for command in _LOCK_COMMANDS:   # file locks and leases: a channel between children over shared files
+            rules.add_rule(sc.ERRNO(errno.EPERM), "fcntl", sc.Arg(1, sc.EQ, command))
         rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         with tempfile.TemporaryFile() as out:
             rules.export_bpf(out)
@@ -205,7 +209,10 @@ _DENIED_SYSCALLS = (
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "io_uring_setup", "io_uring_enter",
     "io_uring_register", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "personality", "syslog",
-    "name_to_handle_at", "open_by_handle_at", "fanotify_init", "lookup_dcookie", "vhangup")
+    "name_to_handle_at", "open_by_handle_at", "fanotify_init", "lookup_dcookie", "vhangup",
+    "flock", "inotify_init", "inotify_init1", "inotify_add_watch")   # channels through the shared files
+# fcntl commands refused: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_NOTIFY
+_LOCK_COMMANDS = (5, 6, 7, 36, 37, 38, 1024, 1026)
 
 
 def _probe() -> tuple:
@@ -574,7 +581,7 @@ def _child_watchdog(req_fd: int, select, os) -> None:
 def _child_rules() -> tuple:
     """What the audit hook refuses: event-name prefixes, module names, and the events that carry paths."""
     deny_prefixes = ("socket.", "ctypes.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "os.fork",
-                     "os.system", "os.kill", "os.killpg", "signal.pthread_kill", "resource.", "sys.addaudithook",
+                     "os.system", "os.kill", "os.killpg", "os.lockf", "signal.", "resource.", "sys.addaudithook",
                      "sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_", "marshal.",
                      "code.__new__", "mmap.", "fcntl.", "pty.", "os.chdir", "os.fchdir", "os.chroot", "os.link",
                      "os.symlink", "os.chmod", "os.chown", "os.lchown", "os.chflags", "os.lchflags", "os.mkfifo",

@@ -772,6 +772,39 @@ def test_kernel_refuses_processes_sockets_and_namespaces_past_the_audit_hook(hoo
     assert out.pop("clone3") == errno.ENOSYS and set(out.values()) == {errno.EPERM}, out
 
 
+def test_os_lockf_is_forbidden():
+    code = env(reset="import os\nos.lockf(os.open(os.__file__, os.O_RDONLY), os.F_TEST, 0)\nreturn 'x', {}")
+    assert reason(attack(code)) == "forbidden"
+
+
+@needs("syscall_filter")
+def test_kernel_refuses_file_locks_leases_and_inotify_past_the_audit_hook(hook_defeated):
+    """x86-64 numbers: 73 flock, 72 fcntl (5/6/7 F_GETLK/F_SETLK/F_SETLKW, 36/37/38 their OFD forms, 1024
+    F_SETLEASE, 1026 F_NOTIFY), 294 inotify_init1: each a way to signal another child through a shared file."""
+    import platform
+    if platform.machine() != "x86_64":
+        pytest.skip("syscall numbers below are x86-64's")
+    code = env(prelude=SYSCALLS, reset='''
+        fd = os.open(os.__file__, os.O_RDONLY)   # a read-only library file every child shares
+        lock = ctypes.create_string_buffer(32)   # struct flock: F_RDLCK over the whole file
+        out = {"flock": refused(73, fd, 1 | 4), "inotify_init1": refused(294, 0)}
+        out.update({f"fcntl_{cmd}": refused(72, fd, cmd, lock) for cmd in (5, 6, 7, 36, 37, 38, 1024, 1026)})
+        return out, {}''')
+    out = attack(code)[0]
+    assert set(out.values()) == {errno.EPERM}, out
+
+
+@needs("syscall_filter")
+def test_no_lock_channel_between_two_live_environments_past_the_audit_hook(hook_defeated):
+    """A holds an exclusive flock on a shared library file; B, running at the same time, cannot see it."""
+    code = env(prelude=SYSCALLS, init="self.fd = os.open(os.__file__, os.O_RDONLY)", reset='''
+        return refused(73, self.fd, 2 | 4), {}   # LOCK_EX | LOCK_NB: EWOULDBLOCK if the other holds it''')
+    limits = Limits(call_timeout=TIMEOUT)
+    with EnvProcess(code, {}, limits) as a, EnvProcess(code, {}, limits) as b:
+        first, second = a.call("reset", 0)[0], b.call("reset", 0)[0]
+    assert first == second == errno.EPERM, (first, second)
+
+
 @needs("syscall_filter")
 def test_threads_still_work_under_the_filter_past_the_audit_hook(hook_defeated):
     code = env(reset='''
