@@ -56,6 +56,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -76,7 +77,9 @@ _NOBODY = 65534   # 'nobody': the child's uid inside bwrap's user namespace when
 # noexec tmpfs over the private directory, binds the interpreter's installation read-only inside it and makes the
 # rest of the filesystem read-only.
 # Arguments: $1 private dir, $2 interpreter prefix, $3 tmpfs size (MB), $4 owner uid; then the command.
-_MOUNT_SCRIPT = ('mount -t tmpfs -o size="$3"m,mode=700,uid="$4",gid="$4",nosuid,nodev,noexec sandbox "$1" && '
+_TMPFS_INODES = 1024   # files and folders of a private tmpfs: each costs kernel memory that no size limit counts
+_MOUNT_SCRIPT = (f'mount -t tmpfs -o size="$3"m,nr_inodes={_TMPFS_INODES},mode=700,uid="$4",gid="$4",nosuid,nodev,'
+                 'noexec sandbox "$1" && '
                  'mkdir "$1/.python" && mount --bind -o ro "$2" "$1/.python" && mount -o remount,bind,ro / && '
                  '{ mount -o remount,bind,ro /dev/shm 2>/dev/null || true; } && '
                  'cd "$1" && unset PWD OLDPWD && shift 4 && exec "$@"')
@@ -117,8 +120,8 @@ def _bwrap_options(bwrap: str, home: str, prefix: str, tmpfs_mb: int) -> list:
             "--die-with-parent", "--new-session"]
     # note: not --as-pid-1. bwrap's own init (root, pid 1) keeps the parent-death signal, which the child's
     # change of uid would clear; when it dies the kernel kills everything in the PID namespace.
-    if os.geteuid() == 0:
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    if os.geteuid() == 0:   # CAP_SYS_ADMIN: the child mounts its inode-capped tmpfs (_child_mount_home) first
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SYS_ADMIN"]
     else:
         argv += ["--unshare-user", "--disable-userns", "--uid", str(_NOBODY), "--gid", str(_NOBODY)]
     # note: bwrap makes missing parents of a mount point as the host has them (/root: 0700); uid 65534 must pass
@@ -130,9 +133,19 @@ def _bwrap_options(bwrap: str, home: str, prefix: str, tmpfs_mb: int) -> list:
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
-    return argv + ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--perms", "0777",
+    argv += ["--ro-bind", prefix, prefix]
+    for folder in _site_dirs(prefix):   # the installation's packages stay out of view: the child needs none
+        argv += ["--tmpfs", folder, "--remount-ro", folder]
+    return argv + ["--proc", "/proc", "--dev", "/dev", "--perms", "0777",
                    "--size", str(tmpfs_mb << 20), "--tmpfs", home, "--remount-ro", "/",
                    "--chdir", home]
+
+
+def _site_dirs(prefix: str) -> list:
+    """The interpreter installation's site-packages folders (inside its read-only view, needed by no child)."""
+    paths = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix})
+    return sorted({os.path.realpath(paths[k]) for k in ("purelib", "platlib")
+                   if os.path.isdir(paths[k]) and os.path.realpath(paths[k]).startswith(prefix + "/")})
 
 
 def _ancestors(path: str) -> list:
@@ -273,6 +286,10 @@ def isolation_report() -> dict:
     (True, True, True)
     """
     launcher, failures, program = _launch()
+    inode_cap = launcher.mounts or (bool(launcher.bwrap) and os.geteuid() == 0)
+    if not inode_cap:
+        failures = [*failures, "kernel memory: the private tmpfs has no inode cap (needs root, or the unshare "
+                               "launcher)"]
     return {
         "mode": launcher.mode,
         "namespaces": launcher.mode != "none",   # network, PID (+ own /proc), IPC, UTS, mount
@@ -282,6 +299,8 @@ def isolation_report() -> dict:
         "syscall_filter": bool(program),
         "process_limit": launcher.own_uid,
         "dies_with_trainer": bool(launcher.bwrap or launcher.pdeathsig),
+        # kernel memory (inodes, dentries) of an environment's files: bounded by its tmpfs's inode cap; no cgroup
+        "kernel_memory": f"private tmpfs capped at {_TMPFS_INODES} inodes" if inode_cap else "",
         "fresh_interpreter": True, "audit_hook": True, "rlimits": True, "scrubbed_env": True,
         "private_dir": True, "nonce_protocol": True,
         "why": "; ".join(failures) if failures else "all layers active",
@@ -301,7 +320,9 @@ def spawn(home: str, limits, uid: int | None, fds: tuple) -> tuple:
     cfg = {"fds": list(fds), "cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
            "file_size_mb": limits.file_size_mb, "open_files": limits.open_files,
            "max_message_bytes": limits.max_message_bytes, "uid": uid if launcher.bwrap else None,
-           "seccomp": _syscall_filter(program), "threads": limits.threads if launcher.own_uid else 0}
+           "seccomp": _syscall_filter(program), "threads": limits.threads if launcher.own_uid else 0,
+           "hidden": _site_dirs(os.path.realpath(sys.base_prefix)), "tmpfs_mb": 4 * limits.file_size_mb,
+           "inodes": _TMPFS_INODES}
     inner_init = bool(launcher.unshare or launcher.bwrap)   # the interpreter is the launcher's child
     proc = _popen(launcher.argv(home, 4 * limits.file_size_mb, uid) + [_CHILD_SOURCE, json.dumps(cfg)],
                   cwd=home, env=_child_env(home), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -507,9 +528,7 @@ def _keyword_ok(key: str, value) -> bool:
 def _child_main(cfg: dict) -> None:
     """Lock the interpreter down (own uid, syscall filter, rlimits, crash reports, audit hook), then serve
     requests until EOF. Everything here runs before any generated code is compiled."""
-    import _signal
     import _thread
-    import faulthandler
     import os
     import resource
     import select
@@ -518,6 +537,7 @@ def _child_main(cfg: dict) -> None:
     os.environ.pop("PWD", None)   # set by bwrap --chdir; the environment holds only what the parent passed
     uid = cfg["uid"]
     if uid is not None and os.getuid() == 0:   # bwrap as root leaves the change of uid to the child
+        _child_mount_home(os.getcwd(), cfg["tmpfs_mb"], cfg["inodes"], uid)
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)   # from uid 0 to another: every capability is gone with it
@@ -532,18 +552,44 @@ def _child_main(cfg: dict) -> None:
         resource.setrlimit(limit, (value, value))
     # subtle: soft < hard, so the kernel sends SIGXCPU (dumped to the crash pipe: "CPU limit") before SIGKILL
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
-    faulthandler.enable(file=crash_fd)       # segfaults etc. leave "Fatal Python error: ..." for the parent
-    faulthandler.register(_signal.SIGXCPU, file=crash_fd)
-    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)   # a too-large write raises OSError instead of killing
+    _child_signals(crash_fd)
     _thread.start_new_thread(_child_watchdog, (req_fd, select, os))
     sys.path[:] = [p for p in sys.path if p]   # no '' (the working directory) on the import path
     import random  # noqa: F401  (nearly every environment imports it: load its .pyc while marshal is allowed)
     # note: passed straight in, so no frame of this function holds the hook (see _child_hook)
-    sys.addaudithook(_child_hook(os.getcwd(), sys.path, crash_fd, os))
+    sys.addaudithook(_child_hook(os.getcwd(), sys.path, cfg["hidden"], crash_fd, os))
     # subtle: marshal.loads is refused (crafted code objects can corrupt memory), so stdlib modules imported
     # from now on must compile from source: point the .pyc cache at a directory that does not exist.
     sys.pycache_prefix = os.path.join(os.getcwd(), ".no-pycache")
     _child_serve(req_fd, rep_fd, cfg["max_message_bytes"])
+
+
+def _child_mount_home(home: str, size_mb: int, inodes: int, uid: int) -> None:
+    """Mount a fresh tmpfs over the private directory, capped in size and in inodes (bwrap's --tmpfs takes no
+    nr_inodes), noexec, owned by the child's uid. It lives in the sandbox's own mount namespace, with the
+    CAP_SYS_ADMIN that bwrap leaves the child until its change of uid drops every capability."""
+    import ctypes
+    import os
+    import sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={size_mb}m,nr_inodes={inodes},mode=0700,uid={uid},gid={uid}".encode()
+    if libc.mount(b"sandbox", home.encode(), b"tmpfs", 2 | 4 | 8, options) != 0:   # MS_NOSUID | MS_NODEV | MS_NOEXEC
+        raise OSError(ctypes.get_errno(), "cannot mount the private tmpfs")
+    os.chdir(home)   # onto the new mount
+    for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]
+
+
+def _child_signals(crash_fd: int) -> None:
+    """Crash reports, and SIGXFSZ ignored. subtle: the interpreter imports _signal at start; it leaves sys.modules
+    here (and no frame keeps it), so env code that imports it meets the hook's import check, as for signal."""
+    import _signal
+    import faulthandler
+    import sys
+    faulthandler.enable(file=crash_fd)       # segfaults etc. leave "Fatal Python error: ..." for the parent
+    faulthandler.register(_signal.SIGXCPU, file=crash_fd)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)   # a too-large write raises OSError instead of killing
+    del sys.modules["_signal"]
 
 
 def _child_seccomp(program: bytes) -> None:
@@ -591,7 +637,7 @@ def _child_rules() -> tuple:
                      "cpython.PyInterpreterState_New")   # a sub-interpreter would start without this hook
     deny_modules = frozenset({
         "ctypes", "_ctypes", "socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsubprocess",
-        "multiprocessing", "_multiprocessing", "_posixshmem", "mmap", "signal", "fcntl", "pty", "termios",
+        "multiprocessing", "_multiprocessing", "_posixshmem", "mmap", "signal", "_signal", "fcntl", "pty", "termios",
         "asyncio", "_testcapi", "_testinternalcapi", "_xxsubinterpreters", "_xxinterpchannels", "_ctypes_test"})
     # event -> (writes?, positions of path arguments, positions of dir_fd arguments)
     path_events = {"os.listdir": (False, (0,), ()), "os.scandir": (False, (0,), ()),
@@ -602,7 +648,7 @@ def _child_rules() -> tuple:
     return deny_prefixes, deny_modules, path_events
 
 
-def _child_hook(home: str, roots: list, crash_fd: int, os):
+def _child_hook(home: str, roots: list, hidden: list, crash_fd: int, os):
     """The audit hook, a tripwire under the kernel's layers. A refusal writes why to the crash pipe and ends the
     process at once: no code can catch it, and the call fails as 'forbidden'.
 
@@ -623,9 +669,13 @@ def _child_hook(home: str, roots: list, crash_fd: int, os):
         return path == root or startswith(path, root + "/")
 
     read_roots = [realpath(p) for p in roots]
+    native_dirs = [root for root in read_roots if split(root, "/")[-1] == "lib-dynload"]   # stdlib extensions
     python_dir = home + "/.python"
 
     def in_roots(real: str) -> bool:
+        for folder in hidden:   # site-packages, inside the standard library's folder
+            if inside(real, folder):
+                return False
         for root in read_roots:
             if inside(real, root):
                 return True
@@ -649,10 +699,10 @@ def _child_hook(home: str, roots: list, crash_fd: int, os):
         for part in split(name, "."):
             if replace(part, "-", "_") in deny_modules:
                 return False
-        if origin is None:
+        if origin is None:   # the event of an import, not of loading native code
             return True
-        real = realpath(origin)
-        return in_roots(real) and split(split(real, "/")[-1], ".")[0] not in deny_modules
+        parts = split(realpath(origin), "/")
+        return join("/", parts[:-1]) in native_dirs and split(parts[-1], ".")[0] not in deny_modules
 
     def why_refused(event: str, args: tuple):
         if event == "open":
@@ -664,6 +714,10 @@ def _child_hook(home: str, roots: list, crash_fd: int, os):
             return None if path_ok(args[0], write) else "outside the sandbox's files"
         if event in path_events:
             write, paths, dir_fds = path_events[event]
+            if write:   # folders, renames and removals count as writes too (each may cost an inode)
+                writes[0] += 1
+            if writes[0] > 256:
+                return "too many files written"
             for i in dir_fds:
                 if args[i] is not None and not (type_(args[i]) is int_ and args[i] == -1):
                     return "dir_fd"
@@ -1021,9 +1075,9 @@ def _child_plain(value, budget: list, depth: int):
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
-_CHILD_FUNCTIONS = (_child_main, _child_seccomp, _child_watchdog, _child_rules, _child_hook, _child_realpath,
-                    _child_serve, _child_read, _child_fail, _child_run, _child_prelude, _child_game_class, _child_load,
-                    _child_call, _child_tool, _child_tool_base, _child_plain)
+_CHILD_FUNCTIONS = (_child_main, _child_mount_home, _child_signals, _child_seccomp, _child_watchdog, _child_rules,
+                    _child_hook, _child_realpath, _child_serve, _child_read, _child_fail, _child_run, _child_prelude,
+                    _child_game_class, _child_load, _child_call, _child_tool, _child_tool_base, _child_plain)
 _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
     "\nimport json, sys\n_child_main(json.loads(sys.argv[1]))\n"
 

@@ -47,6 +47,7 @@ REASONS = ("syntax", "no_env_class", "init_error", "timeout", "memory", "crash",
 _SURVIVABLE = {"error", "not_serializable", "too_large"}  # every other failure kills the child
 _HEADER = 44  # frame header: 32 hex chars of nonce, a space, 10 digits of body length, a newline
 _MAX_DEPTH = 100   # nesting of a result; the child's encoder refuses deeper ones, the parent checks again
+WALL_BUDGET_CALLS = 4   # an instance's calls get 4 x call_timeout of wall time in all: slow but legal = hung
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ class EnvProcess:
             raise TypeError(f"code must be str, not {type(code).__name__}")
         self.limits, self.class_name, self.alive, self.max_turns = limits, "", False, None
         self._closed, self._proc, self._fds, self._died_of = False, None, (), "crash"
-        self._pending: tuple | None = None   # (nonce, deadline) of the request in flight
+        self._pending: tuple | None = None   # (nonce, deadline, time sent) of the request in flight
+        self._wall_left = float("inf")       # wall time the calls after the start may still take
         self._outcome = None                 # its reply value, or a SandboxError
         self._buf = bytearray()
         self._dir = tempfile.mkdtemp(prefix="spade-sandbox-")
@@ -108,6 +110,7 @@ class EnvProcess:
                 self._died_of = "bad_reply"
                 raise SandboxError("bad_reply", f"load reply {str(loaded)[:100]!r} is not [class name, max_turns]")
             self.class_name, self.max_turns = loaded
+            self._wall_left = WALL_BUDGET_CALLS * limits.call_timeout
         except BaseException:
             self.close()
             raise
@@ -167,8 +170,9 @@ class EnvProcess:
     def _send(self, request: dict) -> None:
         nonce = secrets.token_hex(16).encode()
         body = json.dumps(request).encode()
-        deadline = time.monotonic() + self.limits.call_timeout
-        self._pending, self._outcome = (nonce, deadline), None
+        now = time.monotonic()
+        deadline = now + min(self.limits.call_timeout, self._wall_left)
+        self._pending, self._outcome = (nonce, deadline, now), None
         out = memoryview(b"%s %010d\n" % (nonce, len(body)) + body)
         while out:   # note: a request bigger than the pipe buffer needs the child to be reading
             left = deadline - time.monotonic()
@@ -305,7 +309,9 @@ def _collect(procs: list) -> None:
         now = time.monotonic()
         for fd, p in list(waiting.items()):
             if now >= p._pending[1]:
-                p._fail("timeout", f"no reply within {p.limits.call_timeout:g} s")
+                budget = f"its calls spent the instance's wall budget ({WALL_BUDGET_CALLS} x call_timeout)"
+                p._fail("timeout", f"no reply within {p.limits.call_timeout:g} s" if p._wall_left > p.limits.call_timeout
+                        else budget)
                 poller.unregister(fd)
                 del waiting[fd]
         if not waiting:
@@ -313,6 +319,7 @@ def _collect(procs: list) -> None:
         wait_ms = 1000 * (min(p._pending[1] for p in waiting.values()) - now)
         for fd, _ in poller.poll(max(1, int(wait_ms) + 1)):
             if waiting[fd]._on_readable():
+                waiting[fd]._wall_left -= time.monotonic() - waiting[fd]._pending[2]
                 poller.unregister(fd)
                 del waiting[fd]
 

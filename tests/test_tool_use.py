@@ -295,15 +295,17 @@ def test_a_self_referencing_ref_is_a_bad_tools_verdict():
 
 def test_nested_all_ofs_are_a_bad_tools_verdict_and_no_call_is_checked_against_them():
     defs = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(28)}
-    parameters = {"type": "object", "$defs": {**defs, "d28": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/d0"}}}
-    assert validate(schema_env(repr({"get": {"description": "d", "parameters": parameters}}))).reason == "bad_tools"
+    parameters = {"type": "object", "$defs": {**defs, "d28": {"type": "integer"}},
+                  "properties": {"x": {"$ref": "#/$defs/d0"}}}
+    tools = {"get": {"description": "d", "parameters": parameters}}
+    assert validate(schema_env(repr(tools))).reason == "bad_tools"
     start = time.monotonic()
-    error = envs.check_tool_call({"name": "get", "arguments": {"x": 1}}, {"get": {"description": "d", "parameters": parameters}})
+    error = envs.check_tool_call({"name": "get", "arguments": {"x": 1}}, tools)
     assert error.startswith("Error: the schema of get is refused") and time.monotonic() - start < 0.5
 
 
 def test_three_hundred_tools_exceed_the_plans_schema_allowance():
-    tools = "{f'tool_{i}': {'description': 'a perfectly valid tool', 'parameters': {'type': 'object'}} for i in range(300)}"
+    tools = "{f'tool_{i}': {'description': 'a valid tool', 'parameters': {'type': 'object'}} for i in range(300)}"
     verdict = validate(schema_env(tools))
     assert verdict.reason == "bad_tools" and f"> the {envs.TOOL_SCHEMA_BYTES} the memory plan allows" in verdict.detail
 
@@ -372,7 +374,8 @@ def test_tools_that_turn_hostile_at_a_later_seed_end_that_episode_in_one_line(ti
     code = schema_env(one_tool("{'x': {'$ref': '#/properties/x'}}"), "seed == 7")
     assert validate(code).valid
     model, tok = tiny_model
-    monkeypatch.setattr(models, "generate_turn", scripted(tok, ['<tool_call>{"name": "get", "arguments": {"x": 1}}</tool_call>']))
+    call = '<tool_call>{"name": "get", "arguments": {"x": 1}}</tool_call>'
+    monkeypatch.setattr(models, "generate_turn", scripted(tok, [call]))
     ep = sm.play(model, tok, [sm.EpisodeSpec(code, 7, None, (0,))], max_turns=3, max_new_tokens=64,
                  max_episode_tokens=1024, limits=sandbox.Limits(), temperature=0.0, top_p=1.0, top_k=0, seed=0,
                  setting="tool_use")[0]
