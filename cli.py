@@ -124,7 +124,7 @@ def check_config(train, cfg) -> None:
 def check_model(name: str) -> None:
     """InputError, before anything is loaded, unless `name` is a bundled model, a .gguf file, a model directory
     or a Hugging Face id already in the local cache: spade-mini never downloads (models.py loads offline)."""
-    if name in ("tiny-random", "smollm2-135m"):
+    if name == "tiny-random" or name in runs.BUNDLED:
         return
     path = Path(name).expanduser()
     if path.is_file() and path.suffix != ".gguf":
@@ -189,8 +189,8 @@ def model_config(name: str, cache_dir: str) -> str:
     if name in runs.MODEL_SHAPES:
         return name
     path = Path(name).expanduser()
-    if name == "smollm2-135m" or name.endswith(".gguf"):   # the converted copy models.py loads
-        path = Path(cache_dir).expanduser() / Path(name if name.endswith(".gguf") else runs.SMOLLM2_GGUF).stem
+    if name in runs.BUNDLED or name.endswith(".gguf"):   # the converted copy models.py loads
+        path = Path(cache_dir).expanduser() / Path(runs.BUNDLED.get(name, name)).stem
     if (path / "config.json").is_file() or path.name == "config.json":
         return str(path)
     from huggingface_hub import try_to_load_from_cache   # note: light, but only plan and train need it
@@ -372,7 +372,7 @@ def play_interactive(code: str, seed: int, max_turns: int, limits: Limits, setti
 # spade-mini score: one window of outcomes in, every reward and advantage out (regret.score_window)
 
 def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dict:
-    """The input of `spade-mini score` (README "Checking another implementation"), checked field by field;
+    """The input of `spade-mini score` (docs/score.md, "Checking another implementation"), checked field by field;
     InputError names the first bad one. Returns it with the optional fields filled in."""
     def fail(where: str, what: str):
         raise InputError(f"score input: {where} must be {what}")
@@ -575,6 +575,11 @@ FIGURES = [
     ("returns.png", "Agent return with and without the hint", "mean episode return",
      ["agent/return_hint", "agent/return_nohint", "agent/win_rate"], (-1.05, 1.05),
      "Unhinted return rising = the agent is learning; the hinted curve is the upper bound the hint allows."),
+    ("behaviour.png", "How the agent replies", "", ["agent/first_reply_tokens", "agent/reply_tokens", "agent/cut_share",
+     "agent/action_share", "agent/turns_mean"], None,
+     "One panel each, unhinted plays: tokens of the first reply and of every reply, the share of replies cut by the "
+     "token limit (not played), the share holding an action, turns per episode. SPADE's agent learns to act "
+     "early with short replies."),
     ("regret.png", "Hint regret (the designer's signal)", "R_hint - R_nohint",
      ["env/regret", "designer/reward_mean"], None,
      "Positive regret = environments at the edge of the agent's ability. Near zero: too easy or unsolvable "
@@ -601,7 +606,7 @@ FIGURES = [
      "tokens per second, the sandbox's share of play, peak memory."),
     ("other.png", "Everything else logged", "", [], None, "One panel per numeric metric no figure above shows."),
 ]
-PANELS = {"update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
+PANELS = {"behaviour.png", "update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
 STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v")]   # coinciding curves stay visible
 PLAIN = {"env/regret", "env/count", "env/hung", "env/diversity"}  # env/* keys that are not 'statistics'
 TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/return_hint", "env/regret",
@@ -956,7 +961,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["play"].add_argument("--seed", type=int, default=0, help="reset seed")
     p["play"].add_argument("--actions", default="", help="file with one action per line (non-interactive)")
     p["play"].add_argument("--max-turns", type=positive(int), default=12, help="turn cap")
-    p["score"].add_argument("file", help="a JSON file of outcomes (format in the README)")
+    p["score"].add_argument("file", help="a JSON file of outcomes (format in docs/score.md)")
     add_eval_flags(p["eval"])
     p["report"].add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     return parser

@@ -5,11 +5,11 @@ The idea: an environment is untrusted text written by a language model. It only 
 the sandbox), turns the agent's replies into actions and episodes into returns, renders the prompts the
 model reads (prompts/*.txt, plain text), and keeps the environment memory.
 
-The contract (duck-typed; SPADE_METHOD.md): a class whose name ends in `Env`, `__init__(max_turns=12)` (built
+The contract (duck-typed; docs/method.md): a class whose name ends in `Env`, `__init__(max_turns=12)` (built
 with its own defaults; the runner then caps max_turns, never raises it),
 `reset(seed) -> (obs, info)` (bare str tolerated), `step(action) -> (obs, reward, terminated, truncated,
 info)` with real bools, optional `solution()`. The same seed must give the same episode. Departures (the
-README's numbered list): 7 and 17, the same-seed check and the two checks by execution.
+numbered list of docs/details.md): 7 and 17, the same-seed check and the two checks by execution.
 
 The tool-use setting (`setting="tool_use"`) keeps that contract and adds `self.tools` (name -> {"description",
 "parameters": JSON Schema}) with one `tool_<name>(**arguments) -> str` per tool: the agent's `<tool_call>`s
@@ -48,7 +48,7 @@ TOOL_CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "too
                "step_types", "reward_range", "not_trivial", "reset_123", "deterministic", "solvable")
 PROBE_ANSWER = "<answer>test</answer>"   # the tool-use probe action: after one call of every tool
 VERDICT_REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
-                   "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable",
+                   "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable", "copy",
                    "bad_tools", "tool_error", "timeout", "memory", "forbidden", "crash", "not_serializable",
                    "protocol", "bad_reply")
 WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
@@ -642,13 +642,17 @@ def designer_prompt(skill: str, document: str | None, positives: list[dict], neg
     --doc-words), or, None, the cold-start prompt with skill ideas; the contract, a short example environment,
     and the memory examples. tool_use: the *_tools.txt / example_tool_env.txt variants."""
     tools = "_tools" if setting == "tool_use" else ""
-    fields = dict(skill=skill, contract=_template(f"contract{tools}.txt"),
-                  example=_template("example_tool_env.txt" if tools else "example_env.txt"),
+    fields = dict(skill=skill, contract=_template(f"contract{tools}.txt"), example=example_program(setting),
                   memory=_memory_block(positives, negative))
     if document is None:
         ideas = skill_ideas(setting).get(skill, "any environment that needs " + skill)
         return _fill(f"designer{tools}_nocorpus.txt", ideas=ideas, **fields)
     return _fill(f"designer{tools}.txt", document=document, **fields)
+
+
+def example_program(setting: str = "games") -> str:
+    """The in-context example every designer prompt shows (prompts/example_env.txt or example_tool_env.txt)."""
+    return _template("example_tool_env.txt" if setting == "tool_use" else "example_env.txt")
 
 
 def _memory_block(positives: list[dict], negative: dict | None) -> str:

@@ -30,6 +30,7 @@ command line `spade-mini eval` is in cli.py), `environment_stats` (the `env/...`
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -258,6 +259,34 @@ def diversity(codes: list[str], n: int = 3) -> float:
     k = shared / np.sqrt(np.outer(size, size))  # cosine of the 0/1 vectors
     np.fill_diagonal(k, 1.0)
     return vendi_score(k) / len(codes)
+
+
+COPY_SIMILARITY = 0.8   # a program this close to an example it was shown is a copy, not a new environment
+
+
+def copy_similarity(code: str, references: list[str], n: int = 3) -> float:
+    """The largest cosine, under code_vectors' token n-grams, between a program and any of the references.
+
+    A verbatim copy scores 1.0 whatever its whitespace; renaming the class or one constant barely moves it.
+    >>> copy_similarity("x = 1 + 2", ["x = 1 + 2", "y"]), copy_similarity("x = 1 + 2", [])
+    (1.0, 0.0)
+    """
+    if not references:
+        return 0.0
+    x = code_vectors([code, *references], n)             # (1 + R, vocabulary)
+    size = np.maximum(x.sum(axis=1), 1.0)                 # (1 + R,)
+    return float(((x[1:] @ x[0]) / np.sqrt(size[0] * size[1:])).max())
+
+
+def reject_copies(codes: list, verdicts: list, shown: list[list[str]]) -> list:
+    """A valid program that repeats an example its prompt showed (the in-context example, a memory example)
+    is not a new environment: its verdict becomes `copy`, so copying never earns regret or a memory place."""
+    out = []
+    for code, verdict, references in zip(codes, verdicts, shown):
+        similarity = copy_similarity(code, references) if verdict.valid else 0.0
+        out.append(dataclasses.replace(verdict, valid=False, reason="copy", detail=f"similarity {similarity:.2f} to "
+                                       "an example in its prompt") if similarity >= COPY_SIMILARITY else verdict)
+    return out
 
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")

@@ -966,7 +966,7 @@ def _child_tool(env, name, arguments) -> list:
 
 def _child_tool_base():
     """ToolUseBaseEnv, the base class the official code's tool-use environments subclass without importing it
-    (the loader injects it), written from its described behaviour (SPADE_METHOD.md, "The tool-use setting"):
+    (the loader injects it), written from its described behaviour (docs/method.md, "The tool-use setting"):
     tools in `_tools`, state in `_state`, user instructions revealed one at a time, each complete when its
     predicate over `_state` in `_message_criteria` holds; `<answer>...</answer>` goes to step()."""
     import re

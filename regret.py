@@ -7,7 +7,7 @@ the variants below); the agent's and the designer's samples then get per-role ad
 
 Everything here is a small pure function of numbers with a hand-computed example that runs as a doctest;
 `score_window` is the one function the training loop and `spade-mini score` both call. Standard
-library only. Departures (the README's numbered list): 9 (the default reward) and 15 (whom S counts).
+library only. Departures (docs/details.md's numbered list): 9 (the default reward) and 15 (whom S counts).
 """
 import math
 
@@ -195,7 +195,7 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
     * designer_advantage = designer_advantages(..., S = designer_scale(n_RA, window, n_ED)).
     * agent_advantages[k] = agent_advantages(step k); hung environments get 0 everywhere.
 
-    Worked example (README "Checking another implementation"): one Optimization environment, prior 0.3,
+    Worked example (docs/score.md, "Checking another implementation"): one Optimization environment, prior 0.3,
     hinted [1, 1, 0, 1], one step unhinted [0, 1, 0, 0] with the last play untrained: r_hint 0.75, r_nohint
     0.25, regret 0.5, w 0.25; mu = 0.15 * 0.3 + 0.85 * 0.25 = 0.2575; S = min(4 * 1 / 1, 50) = 4; the
     trained plays [0, 1, 0] have mean 1/3 and std 0.4714, so -0.7071, 1.4142, -0.7071, and 0.

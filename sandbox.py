@@ -9,7 +9,7 @@ Each request carries a fresh nonce its reply must echo under a length header bou
 ('protocol'), and every reply is decoded as hostile data ('bad_reply'), so no reply can crash the caller.
 Under it, isolation.py builds (and its docstring tells in full) bwrap's namespaces and minimal filesystem, a uid
 of its own, a seccomp filter, rlimits, the SIGKILL of a missed deadline, a scrubbed environment and an audit hook.
-Out of process at all is the README's departure 8; the loader's rules (13) are isolation._child_load's.
+Out of process at all is departure 8 of docs/details.md; the loader's rules (13) are isolation._child_load's.
 `isolation.isolation_report()` says which layers are active here (a missing one is reported, never silently
 skipped), and tests/test_hostile.py attacks each of them, including with the audit hook switched off.
 

@@ -6,7 +6,7 @@ update scores only where the model wrote it (loss mask 1 on replies, 0 on prompt
 model is loaded, and HF `generate` driven (padding, seeds, the KV cache kept across turns), by models.py; the
 environments run in sandbox.py's child processes.
 
-Departures from the paper and the official code are listed once, in the README ("Implementation details");
+Departures from the paper and the official code are listed once, in docs/details.md ("Implementation details");
 this module implements items 2, 3, 12 and 18 (the update, its normalization, log-probs on the full softmax,
 the KL estimator); models.py has 1 and 19 (LoRA, the KV cache kept across turns).
 """

@@ -5,11 +5,11 @@ Designer writes executable Gym-style environments grounded in a real document an
 the sandbox validates them, and the model writes a privileged hint for each. Every step the Reasoning Agent
 plays every environment P times without the hint (and, at the first step, H times with it); at the window's
 last step the designer is scored by hint regret (agent return with the hint minus without) and the memory
-remembers. Both roles share one GRPO-style update per step. SPADE_METHOD.md has the method; this file is the
+remembers. Both roles share one GRPO-style update per step. docs/method.md sums up the paper; this file is the
 loop, phase by phase; its knobs are runs.Config (`cfg` below), one commented line each.
 
 Read next: regret.py, envs.py, spade_mini.py, sandbox.py (the README's reading order). Departures from the
-paper and the official code: the README's numbered list ("Implementation details"), the one place they are;
+paper and the official code: the numbered list of docs/details.md ("Implementation details"), the one place;
 the loop has 4-6, 10, 11 and 14 (dropped ties, paired and derived seeds, hints, backfill, a cut-short window).
 """
 from __future__ import annotations
@@ -178,7 +178,7 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         slots = [g for g in models.my_share(range(cfg.envs_per_step)) if g not in filled]
         if not slots:
             break
-        prompts, docs = [], []
+        prompts, docs, shown = [], [], []
         for g in slots:
             skill = skills[g % len(skills)]
             rng = random.Random(envs.derive_seed(cfg.seed, step, "designer", g * cfg.design_attempts + attempt))
@@ -189,13 +189,15 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
             prompts.append(models.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative, cfg.setting),
                                            cfg.thinking))
             docs.append(doc or "")
+            shown.append([envs.example_program(cfg.setting)] + [p["code"][:envs.MEMORY_CODE_CHARS] for p in positives])
         outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.designer_max_new_tokens,
                                    seed=envs.derive_seed(cfg.seed, step, "designer-sample",
                                                          attempt * models.world_size() + models.rank()),
                                    **sample_kwargs(cfg))
         runs.fault_point("generate", step)
         codes = [envs.extract_code(envs.after_thinking(o.text)) for o in outs]
-        verdicts = envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting)
+        verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting),
+                                          shown)   # a repeat of an example in the prompt is no new environment
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]),
                                    out.prompt_ids, out.completion_ids, out.text, code, verdict))
@@ -340,7 +342,7 @@ def remember(st: State, window: Window) -> None:
 def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
     """Phase 8a, every step: the agent's unhinted plays of this step, z-scored within each environment over
     the plays that produced tokens (regret.agent_advantages, as score_window does). Hinted plays are never
-    trained; hung environments and groups whose returns all tie are dropped (README departure 4)."""
+    trained; hung environments and groups whose returns all tie are dropped (departure 4, docs/details.md)."""
     samples, groups = [], []
     for e in played:
         if e.hung:

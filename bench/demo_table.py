@@ -1,10 +1,10 @@
-"""The README's demo table, read from a run directory (or a copy of its metrics.jsonl), so it cannot drift.
+"""The demo table of docs/benchmarks.md, read from a run directory (or a copy of its metrics.jsonl), so it cannot drift.
 
     python bench/demo_table.py RUN_DIR            # the markdown table of the run's steps
     python bench/demo_table.py bench/results/demo_metrics.jsonl
 
-The README shows this script's output for the run whose metrics.jsonl is kept in bench/results/; a test checks
-that the two agree. After a new demo run, copy its metrics.jsonl there and paste the new table into the README.
+docs/benchmarks.md shows this script's output for the run whose metrics.jsonl is kept in bench/results/; a test
+checks that the two agree. After a new demo run, copy its metrics.jsonl there and paste the new table there.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPU figures for issue 4, in one run: decode ms/step (eager vs static-cache buckets vs the weight-bandwidth
+"""GPU figures in one run: decode ms/step (eager vs static-cache buckets vs the weight-bandwidth
 bound) and the peak memory of one QLoRA step on an 8192-token sequence, on Qwen3-4B shapes with random
 weights built from a config (nothing is downloaded).
 

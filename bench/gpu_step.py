@@ -1,4 +1,4 @@
-"""One whole self-play step of a preset on random weights, phase by phase, next to the memory plan (issue 12).
+"""One whole self-play step of a preset on random weights, phase by phase, next to the memory plan (runs.plan).
 
 design (the preset's G designer prompts, real length, every row generating its whole token budget), hint, play
 (the window's first step: G x (P + H) episodes in the plan's waves, each max_turns turns of the longest reply

@@ -5,7 +5,7 @@ the launcher this machine uses (`bwrap` + seccomp filter where available) and th
 
     python bench/sandbox_bench.py            # prints `name: value` lines
 
-Targets on 2 cores (issues 3 and 9): start_p50_ms <= 100, step_overhead_p50_ms <= 1, steps_per_s_64 >= 500.
+Targets on 2 cores (docs/benchmarks.md): start_p50_ms <= 100, step_overhead_p50_ms <= 1, steps_per_s_64 >= 500.
 """
 import os
 import statistics
@@ -97,7 +97,7 @@ def bench_concurrent(n_envs: int = 64, rounds: int = 60) -> float:
 
 
 def bench_start_old_path(n: int = 40) -> list | None:
-    """Start-up through the unshare launcher without the syscall filter (the path before issue 9)."""
+    """Start-up through the unshare launcher without the syscall filter (the path before bwrap)."""
     old = next((launcher for launcher, missing in isolation._candidates()
                 if launcher.mode == "namespaces+mounts" and not missing), None)
     if old is None:

@@ -25,10 +25,10 @@ class CupsEnv:
     def step(self, action):
         self.turn_count += 1
         truncated = self.turn_count >= self.max_turns
-        match = re.search(r"[123]", action.split("boxed{")[-1])  # first digit 1-3 of the command
+        match = re.search(r"\\boxed\{\s*([123])\s*\}", action)  # only a boxed cup counts: "1. First, ..." is no pick
         if not match:
             return self._show("Name a cup: 1, 2 or 3."), 0.0, False, truncated, {}
-        cup = int(match.group())
+        cup = int(match.group(1))
         if cup == self.ball:
             return f"Cup {cup} hides the ball. You win!", 1.0, True, False, {}
         if cup not in self.empty:

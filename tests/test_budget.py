@@ -1,5 +1,5 @@
 """The code stays readable in one sitting: the five method modules hold to their size budget, no function in
-them runs past a screen, imports go one way, and only the command line imports lazily (issue 10's measures)."""
+them runs past a screen, imports go one way, and only the command line imports lazily (the README's "Files")."""
 import ast
 import json
 import subprocess
@@ -9,14 +9,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 METHOD = ("train.py", "spade_mini.py", "envs.py", "sandbox.py", "regret.py")
-# 2,100 for the games setting (issue 10); +50 for memory-sized play and torchrun (issues 12, 13); +250 for the
-# second setting, tool use (issue 14): tool schemas and calls, their validation and solution replay (envs.py),
+# 2,100 for the games setting; +50 for memory-sized play and torchrun (departure 20, docs/gpu.md); +250 for the
+# second setting, tool use (docs/tool_use.md): tool schemas and calls, their validation and solution replay (envs.py),
 # tool rounds in the rollout engine (spade_mini.py), the setting's plumbing
 BUDGET_LINES = 2400
 MAX_FUNCTION_LINES = 60
 PROJECT = {p.stem for p in ROOT.glob("*.py")}
 HEAVY = {"torch", "transformers", "peft", "matplotlib", "numpy", "bitsandbytes", "reasoning_gym", "sympy"}
-OPTIONAL = {"torch.utils.tensorboard",   # behind --tensorboard, imported only when asked for (STYLE.md)
+OPTIONAL = {"torch.utils.tensorboard",   # behind --tensorboard, imported only when asked for
             "sympy"}                     # the bundled corpus's second source, skipped with a warning when missing
 
 

@@ -623,7 +623,7 @@ def test_flood_of_bytes_on_the_reply_pipe_fails_the_call():
     assert reason(attack(code)) in ("protocol", "timeout")   # timeout: it blocked on a full pipe first
 
 
-# --- issue 9: one class of attack per section; each test is named after the property it proves -----------------
+# --- one class of attack per section; each test is named after the property it proves ------------------------------
 # Class 1-2: the caller never crashes on a reply. The child's encoder can be swapped by env code (json.dumps
 # builds its encoder from json.JSONEncoder, looked up at each call), so these forge replies through it.
 

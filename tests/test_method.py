@@ -1,4 +1,4 @@
-"""The method as SPADE_METHOD.md states it, one finding of the audit per test: each failed on the code before
+"""The method as docs/method.md states it, one finding of an audit per test: each failed on the code before
 the fix (cut replies played, max_turns imposed, the base class taken for the game, documents cut three times,
 hints at the agent's temperature, hung environments forgotten, env ids repeated, a list of ints from
 solution() crashing the statistics, no trivial/unsolvable checks, thinking not parsed)."""

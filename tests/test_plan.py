@@ -213,7 +213,7 @@ def test_a_run_that_cannot_fit_says_so_in_one_line_before_loading_the_model(tmp_
 
 
 def test_the_gpu_step_script_runs_its_dry_run_on_the_cpu():
-    """bench/gpu_step.py is the prepared GPU check (issue 12); its tiny-shape dry run keeps it working here."""
+    """bench/gpu_step.py is the prepared GPU check (one step next to the plan); its tiny-shape dry run keeps it working here."""
     import subprocess
     import sys
     from pathlib import Path

@@ -1,4 +1,4 @@
-"""The tool-use setting (issue 14): the contract and its validation in the sandbox, the injected ToolUseBaseEnv,
+"""The tool-use setting (docs/tool_use.md): the contract and its validation in the sandbox, the injected ToolUseBaseEnv,
 tool-call parsing, a scripted agent through the rollout engine, BFCL scoring, and one self-play step."""
 import importlib.util
 import json
