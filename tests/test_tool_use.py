@@ -262,7 +262,7 @@ def test_one_tool_use_self_play_step_of_the_tiny_preset(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# hostile tool schemas (issue 21): nothing of them is interpreted in the trainer except through a bounded path
+# hostile tool schemas: nothing of them is interpreted in the trainer except through a bounded path
 
 def schema_env(bad_tools: str, when: str = "True") -> str:
     """A valid, solvable tool environment whose tools are bad_tools (a Python expression) when `when` holds."""
