@@ -281,6 +281,20 @@ def _launch() -> tuple:
     return _LAUNCH
 
 
+_INODE_CAP: dict = {}
+
+
+def _inode_cap(launcher: _Launcher) -> bool:
+    """Whether a child's private tmpfs is capped in inodes: the unshare launcher's mount script caps it; under bwrap
+    as root the child mounts its own (_child_mount_home), if a probe shows it may (probed once)."""
+    if launcher.mounts or not (launcher.bwrap and os.geteuid() == 0):
+        return launcher.mounts
+    with _LAUNCH_LOCK:
+        if launcher.mode not in _INODE_CAP:
+            _INODE_CAP[launcher.mode] = not _try(launcher, [_MOUNT_PROBE])
+    return _INODE_CAP[launcher.mode]
+
+
 def isolation_report() -> dict:
     """Which layers are active on this machine (probed once per process), and why the missing ones are missing.
 
@@ -289,10 +303,10 @@ def isolation_report() -> dict:
     (True, True, True)
     """
     launcher, failures, program = _launch()
-    inode_cap = launcher.mounts or (bool(launcher.bwrap) and os.geteuid() == 0)
+    inode_cap = _inode_cap(launcher)
     if not inode_cap:
         failures = [*failures, "kernel memory: the private tmpfs has no inode cap (needs root, or the unshare "
-                               "launcher)"]
+                               "launcher, and a mount the child may make)"]
     return {
         "mode": launcher.mode,
         "namespaces": launcher.mode != "none",   # network, PID (+ own /proc), IPC, UTS, mount
@@ -325,7 +339,7 @@ def spawn(home: str, limits, uid: int | None, fds: tuple) -> tuple:
            "max_message_bytes": limits.max_message_bytes, "uid": uid if launcher.bwrap else None,
            "seccomp": _syscall_filter(program), "threads": limits.threads if launcher.own_uid else 0,
            "hidden": _site_dirs(os.path.realpath(sys.base_prefix)), "tmpfs_mb": 4 * limits.file_size_mb,
-           "inodes": _TMPFS_INODES}
+           "inodes": _TMPFS_INODES if _inode_cap(launcher) else 0}
     inner_init = bool(launcher.unshare or launcher.bwrap)   # the interpreter is the launcher's child
     proc = _popen(launcher.argv(home, 4 * limits.file_size_mb, uid) + [_CHILD_SOURCE, json.dumps(cfg)],
                   cwd=home, env=_child_env(home), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -540,7 +554,8 @@ def _child_main(cfg: dict) -> None:
     os.environ.pop("PWD", None)   # set by bwrap --chdir; the environment holds only what the parent passed
     uid = cfg["uid"]
     if uid is not None and os.getuid() == 0:   # bwrap as root leaves the change of uid to the child
-        _child_mount_home(os.getcwd(), cfg["tmpfs_mb"], cfg["inodes"], uid)
+        if cfg["inodes"]:
+            _child_mount_home(os.getcwd(), cfg["tmpfs_mb"], cfg["inodes"], uid)
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)   # from uid 0 to another: every capability is gone with it
@@ -1090,3 +1105,7 @@ _FILTER_PROBE = inspect.getsource(_child_seccomp) + (
     "try:\n    os.fork()\nexcept PermissionError:\n    started = []\n"
     "    _thread.start_new_thread(started.append, (1,))\n    time.sleep(0.05)\n"
     "    print('ok' if started else 'no thread')\n")
+
+# Run in the child by the probe of _inode_cap: mount the inode-capped tmpfs as a child would.
+_MOUNT_PROBE = inspect.getsource(_child_mount_home) + (
+    "\nimport os\n_child_mount_home(os.getcwd(), 4, 64, 65534)\nprint('ok')\n")
