@@ -561,6 +561,8 @@ def _child_main(cfg: dict) -> None:
         os.setresuid(uid, uid, uid)   # from uid 0 to another: every capability is gone with it
     if cfg["seccomp"]:
         _child_seccomp(bytes.fromhex(cfg["seccomp"]))   # before any thread starts: threads inherit it
+    for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]   # imported by the two above: env code that imports it meets the hook's check
     mb = 1 << 20
     limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_AS, cfg["memory_mb"] * mb),
               (resource.RLIMIT_FSIZE, cfg["file_size_mb"] * mb), (resource.RLIMIT_NOFILE, cfg["open_files"])]
@@ -588,14 +590,11 @@ def _child_mount_home(home: str, size_mb: int, inodes: int, uid: int) -> None:
     CAP_SYS_ADMIN that bwrap leaves the child until its change of uid drops every capability."""
     import ctypes
     import os
-    import sys
     libc = ctypes.CDLL(None, use_errno=True)
     options = f"size={size_mb}m,nr_inodes={inodes},mode=0700,uid={uid},gid={uid}".encode()
     if libc.mount(b"sandbox", home.encode(), b"tmpfs", 2 | 4 | 8, options) != 0:   # MS_NOSUID | MS_NODEV | MS_NOEXEC
         raise OSError(ctypes.get_errno(), "cannot mount the private tmpfs")
-    os.chdir(home)   # onto the new mount
-    for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
-        del sys.modules[name]
+    os.chdir(home)   # onto the new mount; ctypes leaves sys.modules in _child_main
 
 
 def _child_signals(crash_fd: int) -> None:
@@ -613,10 +612,9 @@ def _child_signals(crash_fd: int) -> None:
 def _child_seccomp(program: bytes) -> None:
     """Install a seccomp-bpf program (built by the parent with libseccomp) on this process; nothing removes it.
 
-    subtle: ctypes is imported here, before the audit hook, and dropped from sys.modules afterwards, so env code
-    that imports it meets the hook's import check."""
+    subtle: ctypes is imported here, before the audit hook, and dropped from sys.modules afterwards (_child_main),
+    so env code that imports it meets the hook's import check."""
     import ctypes
-    import sys
 
     class Program(ctypes.Structure):   # struct sock_fprog
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
@@ -626,8 +624,6 @@ def _child_seccomp(program: bytes) -> None:
     if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)),
                                                       0, 0) != 0:
         raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
-    for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
-        del sys.modules[name]
 
 
 def _child_watchdog(req_fd: int, select, os) -> None:
