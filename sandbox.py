@@ -312,8 +312,8 @@ def _collect(procs: list) -> None:
         for fd, p in list(waiting.items()):
             if now >= p._pending[1]:
                 budget = f"its calls spent the instance's wall budget ({WALL_BUDGET_CALLS} x call_timeout)"
-                p._fail("timeout", f"no reply within {p.limits.call_timeout:g} s" if p._wall_left > p.limits.call_timeout
-                        else budget)
+                within = f"no reply within {p.limits.call_timeout:g} s"
+                p._fail("timeout", within if p._wall_left > p.limits.call_timeout else budget)
                 poller.unregister(fd)
                 del waiting[fd]
         if not waiting:
