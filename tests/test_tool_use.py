@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -260,11 +261,127 @@ def test_one_tool_use_self_play_step_of_the_tiny_preset(tmp_path):
     assert names == ["env_00000_00_orders.py", "env_00000_01_smart_home.py"]
 
 
-def test_a_catastrophic_regex_in_a_schema_never_runs_in_the_trainer():
-    """A schema's pattern against the model's argument: (a+)+$ on 'aaaa...!' backtracks for ages if matched."""
-    import time
-    tools = envs.parse_tools({"t": {"description": "", "parameters": {
-        "type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}}})
-    start = time.time()
-    assert envs.check_tool_call({"name": "t", "arguments": {"s": "a" * 40 + "!"}}, tools) is None
-    assert time.time() - start < 1.0
+# ----------------------------------------------------------------------------------------------------------
+# hostile tool schemas: nothing of them is interpreted in the trainer except through a bounded path
+
+def schema_env(bad_tools: str, when: str = "True") -> str:
+    """A valid, solvable tool environment whose tools are bad_tools (a Python expression) when `when` holds."""
+    return ("class SchemaEnv:\n    def __init__(self, max_turns=10):\n        self.max_turns = max_turns\n"
+            "    def reset(self, seed=None):\n        self.seed = seed\n"
+            "        good = {'get': {'description': 'd', 'parameters': {'type': 'object', 'properties': {}}}}\n"
+            f"        self.tools = ({bad_tools}) if ({when}) else good\n        return 'go', {{}}\n"
+            "    def tool_get(self, **kwargs):\n        return 'ok'\n"
+            "    def step(self, action):\n        won = '<answer>yes</answer>' in action\n"
+            "        return 'done', float(won), won, False, {}\n"
+            "    def solution(self):\n        return ['<answer>yes</answer>']\n")
+
+
+def one_tool(properties: str) -> str:
+    return "{'get': {'description': 'd', 'parameters': {'type': 'object', 'properties': %s}}}" % properties
+
+
+def test_the_schema_env_without_bad_tools_is_valid():
+    assert validate(schema_env("good", "False")).valid
+
+
+def test_an_uncompilable_pattern_is_a_bad_tools_verdict_not_a_traceback():
+    verdict = validate(schema_env(one_tool("{'x': {'type': 'string', 'pattern': 'a{4294967296}'}}")))
+    assert verdict.reason == "bad_tools" and "'pattern' is not allowed" in verdict.detail
+
+
+def test_a_self_referencing_ref_is_a_bad_tools_verdict():
+    assert validate(schema_env(one_tool("{'x': {'$ref': '#/properties/x'}}"))).reason == "bad_tools"
+
+
+def test_nested_all_ofs_are_a_bad_tools_verdict_and_no_call_is_checked_against_them():
+    defs = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(28)}
+    parameters = {"type": "object", "$defs": {**defs, "d28": {"type": "integer"}},
+                  "properties": {"x": {"$ref": "#/$defs/d0"}}}
+    tools = {"get": {"description": "d", "parameters": parameters}}
+    assert validate(schema_env(repr(tools))).reason == "bad_tools"
+    start = time.monotonic()
+    error = envs.check_tool_call({"name": "get", "arguments": {"x": 1}}, tools)
+    assert error.startswith("Error: the schema of get is refused") and time.monotonic() - start < 0.5
+
+
+def test_three_hundred_tools_exceed_the_plans_schema_allowance():
+    tools = "{f'tool_{i}': {'description': 'a valid tool', 'parameters': {'type': 'object'}} for i in range(300)}"
+    verdict = validate(schema_env(tools))
+    assert verdict.reason == "bad_tools" and f"> the {envs.TOOL_SCHEMA_BYTES} the memory plan allows" in verdict.detail
+
+
+@pytest.mark.parametrize("keyword", ["$ref", "$defs", "$id", "allOf", "anyOf", "oneOf", "not", "if", "pattern",
+                                     "patternProperties", "format", "dependentSchemas", "prefixItems", "uniqueItems"])
+def test_a_keyword_outside_the_tool_schema_whitelist_is_refused(keyword):
+    with pytest.raises(envs.ContractError, match="is not allowed in a tool schema"):
+        envs.parse_tools({"t": {"description": "", "parameters": {"type": "object", keyword: {}}}})
+
+
+def test_schemas_nested_past_the_parser_fail_as_a_contract_error_not_a_recursion_error():
+    deep = {"type": "object"}
+    for _ in range(5000):
+        deep = {"type": "object", "properties": {"x": deep}}
+    with pytest.raises(envs.ContractError):
+        envs.parse_tools({"t": {"description": "", "parameters": deep}})
+
+
+@pytest.fixture
+def http_server():
+    """A local HTTP server that records every request it gets (and would answer with a schema)."""
+    import http.server
+    import threading
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            body = b'{"type": "string"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/schema.json", seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_remote_ref_is_never_fetched_by_validate_or_a_tool_call(http_server):
+    url, seen = http_server
+    tools = {"get": {"description": "d", "parameters": {"type": "object", "properties": {"x": {"$ref": url}}}}}
+    assert validate(schema_env(repr(tools))).reason == "bad_tools"
+    assert envs.check_tool_call({"name": "get", "arguments": {"x": 1}}, tools).startswith("Error:")
+    assert seen == []
+
+
+def test_the_registry_of_tool_schemas_resolves_nothing_remote(http_server):
+    import jsonschema
+    url, seen = http_server
+    with pytest.raises(Exception, match="Unresolvable"):
+        jsonschema.Draft202012Validator({"$ref": url}, registry=envs.NO_REFERENCES).is_valid(1)
+    assert seen == []
+
+
+def test_tools_that_turn_hostile_at_a_later_seed_end_that_episode_in_one_line(tiny_model, monkeypatch):
+    """Clean at the validation seeds (42, 123), a self-referencing $ref at seed 7: validate cannot see it, so the
+    tools are checked again each time they are read; the episode ends as a contract failure, the trainer lives."""
+    code = schema_env(one_tool("{'x': {'$ref': '#/properties/x'}}"), "seed == 7")
+    assert validate(code).valid
+    model, tok = tiny_model
+    call = '<tool_call>{"name": "get", "arguments": {"x": 1}}</tool_call>'
+    monkeypatch.setattr(models, "generate_turn", scripted(tok, [call]))
+    ep = sm.play(model, tok, [sm.EpisodeSpec(code, 7, None, (0,))], max_turns=3, max_new_tokens=64,
+                 max_episode_tokens=1024, limits=sandbox.Limits(), temperature=0.0, top_p=1.0, top_k=0, seed=0,
+                 setting="tool_use")[0]
+    assert ep.failure == "contract" and "'$ref' is not allowed" in ep.transcript[-1]["error"]
+
+
+def test_a_reply_of_thousands_of_nested_brackets_is_a_tool_call_error_not_a_recursion_error():
+    calls = envs.parse_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>")
+    assert len(calls) == 1 and calls[0].startswith("Error: the tool call is not valid JSON")
