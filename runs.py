@@ -73,7 +73,6 @@ class Config:
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
-    invalid_penalty: float = 0.0        # opt-in designer reward for invalid programs (0 = no sample, the paper)
     # ablations
     no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)
     no_memory: bool = False             # designer prompts get no memory examples

@@ -184,6 +184,16 @@ def test_designer_samples_train_only_at_window_ends(designed_run):
     assert ["designer" in r for r in roles] == [False, True, False, True]
 
 
+def test_designer_samples_carry_the_log_probs_they_were_sampled_with(designed_run):
+    """Sampled at the window's first step, trained at its last: the sample holds the sampling policy's log-probs
+    of its program's tokens (the update's TIS denominator), 0 on the prompt."""
+    _, designer = designed_run
+    (sample,) = [s for s in designer.updates[1] if s.role == "designer"]
+    logprobs = sample.sampling_logprobs
+    assert len(logprobs) == len(sample.token_ids)
+    assert all((lp < 0) == bool(m) for lp, m in zip(logprobs[1:], sample.loss_mask[1:]))
+
+
 def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advantages(designed_run, tmp_path):
     run, designer = designed_run
     windows = [r for r in lines(run / "samples.jsonl") if r["kind"] == "window"]
