@@ -71,7 +71,7 @@ class Config:
     thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
     # rewards
-    designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential
+    designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
     # ablations
     no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)

@@ -146,10 +146,13 @@ def test_a_solution_that_does_not_win_is_unsolvable():
     assert not verdict.valid and verdict.reason == "unsolvable", verdict
 
 
-@pytest.mark.parametrize("solution", ['"reach the goal"', "[1, 2]", None])
+@pytest.mark.parametrize("solution", ['"reach the goal"', "[1, 2]", None,
+                                      r'"\\boxed{3} \\boxed{measure} then answer 1000/(T-20)"',
+                                      r'["\\boxed{3}", "then answer 1000/(T-20)"]'])
 def test_without_an_action_sequence_the_solvable_check_is_skipped(solution):
-    """No solution(), a goal description (allowed by the official contract) or a non-action value: skipped,
-    reported as None (`skip`), not failed."""
+    """No solution(), a goal description (allowed by the official contract), a non-action value, or actions
+    mixed with a step that depends on an observation (replayed literally, they would lose): skipped, reported
+    as None (`skip`), never a rejection."""
     body = "" if solution is None else f"\n    def solution(self):\n        return {solution}\n"
     verdict = envs.validate(NO_KEYWORD_ENV.split("    def solution")[0] + body)
     assert verdict.valid and verdict.checks["solvable"] is None, verdict
@@ -300,11 +303,15 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
     assert played[0].hint == "Guess the middle first."
 
 
-def test_skills_rotate_per_window_so_every_skill_is_designed():
-    """R = 4, one skill per window: windows at steps 0, 4, 8, ... design skills 0, 1, 2, ... (rotating by step
-    gave skills 0, 4, 2, 0, ... and never designed three of the six)."""
+def test_skills_rotate_per_window_so_every_skill_is_designed(tmp_path, monkeypatch):
+    """R = 4, one skill per window: the windows train.open_window opens at steps 0, 4, 8, ... design skills
+    0, 1, 2, ... (rotating by step gave skills 0, 4, 2, 0, ... and never designed three of the six)."""
     cfg = runs.Config(regen_interval=4, steps=24)
-    seen = [train.active_skills(cfg, start // cfg.regen_interval)[0] for start in range(0, 24, 4)]
+    seen = []
+    monkeypatch.setattr(train, "design", lambda st, step, skills: seen.append(skills[0]) or [])
+    st = train.State(cfg, runs.Run(tmp_path), None, None, None, None, [], [], [], {})
+    for start in range(0, 24, 4):
+        train.open_window(st, start)
     assert sorted(seen) == sorted(envs.SKILLS)
 
 
