@@ -606,13 +606,14 @@ def skills_of(setting: str) -> tuple[str, ...]:
 
 
 def agent_tool_message(obs: str, hint: str | None, tools: dict | None) -> str:
-    """Turn 1 of a tool-use episode (prompts/agent_tools.txt): the environment's first user message, the hint
-    appended as for games, and, only for a chat template that does not render tools itself (tools given),
-    the tools as JSON (prompts/tools_fallback.txt)."""
+    """Turn 1 of a tool-use episode: the environment's first user message (the hint appended as for games), as
+    the official loop sends it, the chat template showing the tools. Only for a template that renders no tools
+    (tools given) is it wrapped in the call format and the tools as JSON (prompts/agent_tools.txt)."""
     if hint is not None:
         obs = _fill("agent_hint.txt", obs=obs, hint=hint)
-    listed = "" if tools is None else _fill("tools_fallback.txt", tools=json.dumps(tool_schemas(tools), indent=1))
-    return _fill("agent_tools.txt", obs=obs, tools=listed)
+    if tools is None:
+        return obs
+    return _fill("agent_tools.txt", obs=obs, tools=_fill("tools_fallback.txt", tools=json.dumps(tool_schemas(tools), indent=1)))
 
 
 def goes_to_step(reply: str, calls: list) -> bool:

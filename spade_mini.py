@@ -358,38 +358,6 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.T
     return per_sample, stats
 
 
-def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Indices sorted by length, packed so that rows x longest row <= token_budget (a longer one goes alone).
-
-    Lengths 1, 2 fit together (2 x 2 = 4 <= 6); adding 3 would pad to 3 x 3 = 9; 3 and 5 then go alone:
-    >>> micro_batches([5, 1, 3, 2], token_budget=6)
-    [[1, 3], [2], [0]]
-    """
-    batches: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        if batches and (len(batches[-1]) + 1) * lengths[i] <= token_budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
-def _right_pad(rows: list[list], pad, device, dtype=torch.long) -> torch.Tensor:
-    """(B, T) tensor of the rows, right-padded with `pad` to the longest."""
-    out = torch.full((len(rows), max(map(len, rows))), pad, dtype=dtype)  # (B, T)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
-    return out.to(device)
-
-
-def _tensors(part: list, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids, attention mask, loss mask) of a micro-batch of Samples or (token_ids, loss_mask), each (b, T)."""
-    rows = [(s.token_ids, s.loss_mask) if isinstance(s, Sample) else s for s in part]
-    return (_right_pad([ids for ids, _ in rows], pad_id, device),
-            _right_pad([[1] * len(ids) for ids, _ in rows], 0, device),
-            _right_pad([mask for _, mask in rows], 0, device))
-
-
 def sampled_logprobs(model, rows: list, *, temperature: float, token_budget: int, pad_id: int,
                      chunk_size: int = 512) -> list[list[float]]:
     """The current weights' log-probs (T,) of each (token_ids, loss_mask) row (0 where the mask is 0), in eval
@@ -398,8 +366,8 @@ def sampled_logprobs(model, rows: list, *, temperature: float, token_budget: int
     out: list = [None] * len(rows)
     model.eval()
     with torch.no_grad():
-        for batch in micro_batches([len(ids) for ids, _ in rows], token_budget):
-            ids, attn, mask = _tensors([rows[j] for j in batch], pad_id, model.device)  # (b, T)
+        for batch in models.micro_batches([len(ids) for ids, _ in rows], token_budget):
+            ids, attn, mask = models.batch_tensors([rows[j] for j in batch], pad_id, model.device)  # (b, T)
             logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
             for row, j in enumerate(batch):
                 out[j] = logp[row, : len(rows[j][0])].tolist()
@@ -410,12 +378,12 @@ def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dic
                 clip_low: float, clip_high: float, kl_beta: float, pad_id: int, chunk_size: int) -> None:
     """Forward and backward of one micro-batch; the loss is divided by n, the optimizer step's sample count,
     so accumulated micro-batches give exactly the gradient of one big batch."""
-    ids, attn, mask = _tensors(part, pad_id, model.device)  # (b, T) each
+    ids, attn, mask = models.batch_tensors([(s.token_ids, s.loss_mask) for s in part], pad_id, model.device)  # (b, T)
     logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
     # subtle: with one optimizer step, pi_old (the weights before this step) are the weights scored here, so
     # the "old" log-probs are the current ones, detached: ratio == 1 in value, its gradient d logp. A sample
     # sampled by earlier weights (a designer's, R - 1 steps old) is corrected by TIS against its sampling ones.
-    old_logp = logp.detach() if old is None else _right_pad(old, 0.0, model.device, torch.float32)  # (b, T)
+    old_logp = logp.detach() if old is None else models.right_pad(old, 0.0, model.device, torch.float32)  # (b, T)
     sampling = old_logp.clone()  # (b, T): a sample without its own was sampled by pi_old itself (w = 1)
     for i, s in enumerate(part):
         if s.sampling_logprobs is not None:
@@ -463,7 +431,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     norms = []
     for share, own in zip(shares, mine):
         optimizer.zero_grad(set_to_none=True)
-        for batch in micro_batches([len(samples[i].token_ids) for i in own], token_budget):
+        for batch in models.micro_batches([len(samples[i].token_ids) for i in own], token_budget):
             part = [samples[own[j]] for j in batch]
             _accumulate(model, part, None if old is None else [old[own[j]] for j in batch], len(share), totals,
                         temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta,
