@@ -7,7 +7,7 @@ the variants below); the agent's and the designer's samples then get per-role ad
 
 Everything here is a small pure function of numbers with a hand-computed example that runs as a doctest;
 `score_window` is the one function the training loop and `spade-mini score` both call. Standard
-library only. Departures (docs/details.md's numbered list): 9 (the default reward) and 15 (whom S counts).
+library only. Departures (docs/details.md's numbered list): 9 (the default reward), 15 (whom S counts), 23 (hangs).
 """
 import math
 
@@ -194,7 +194,7 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
       returns (= r_nohint without any); regret = r_hint - r_nohint, unfloored.
     * w = mean of every unhinted return of the window; win_rate = the share of them > 0.
     * mu_slow: update_slow_means (every variant); learning_potential reads the UPDATED mean.
-    * designer_reward: hang_penalty if hung (every variant: README departure 23), else designer_reward(variant,
+    * designer_reward: hang_penalty if hung (every variant: departure 23), else designer_reward(variant,
       ...); `regret` pays the first step's regret, `regret_based` R_hint - w (all the window's plays).
     * designer_advantage = designer_advantages(..., S = designer_scale(n_RA, window, n_ED)).
     * agent_advantages[k] = agent_advantages(step k); hung environments get 0 everywhere.
