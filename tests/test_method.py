@@ -175,8 +175,9 @@ def test_the_document_is_cut_once_to_doc_words_keeping_line_breaks(monkeypatch):
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [models.Completion(p, [2], "no code", True)
                                                                         for p in prompts])
     cfg = runs.Config(doc_words=6500, envs_per_step=1, design_attempts=1)
-    st = SimpleNamespace(cfg=cfg, corpus=["\n".join(lines)], memory=envs.Memory("/nonexistent/m.json"), tok=None,
-                         model=None)
+    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: [[0.0] * len(ids) for ids, _ in rows])
+    st = SimpleNamespace(cfg=cfg, corpus=["\n".join(lines)], memory=envs.Memory("/nonexistent/m.json"),
+                         tok=SimpleNamespace(pad_token_id=0), model=None)
     train.design(st, 0, ["Optimization"])
     assert "\n".join(lines[:650]) in seen[0] and "w6500" not in seen[0] and "w6499" in seen[0]
 
@@ -295,8 +296,9 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
     monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1 if "Designer" in text else 2])
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
         models.Completion(p, [3], answers["designer" if p == [1] else "hint"], True) for p in prompts])
+    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: [[0.0] * len(ids) for ids, _ in rows])
     st = SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, thinking=True), corpus=["a doc"],
-                         memory=envs.Memory("/nonexistent/m.json"), tok=None, model=None)
+                         memory=envs.Memory("/nonexistent/m.json"), tok=SimpleNamespace(pad_token_id=0), model=None)
     (attempt,) = train.design(st, 0, ["Optimization"])
     assert attempt.verdict.valid and attempt.verdict.class_name == "PlainEnv"
     played = [train.PlayedEnv("e", "A", attempt.code, None)]
