@@ -339,17 +339,21 @@ def tool_schemas(tools: dict) -> list[dict]:
 
 
 def solution_actions(raw) -> list[str] | None:
-    """The actions of a solution() result: a list gives one action per item (each a string), a string one
-    per \\boxed{} in it, in order. None when it is no action sequence: a goal description without any
-    \\boxed{} (the official contract allows one), or anything else (a list of ints, a dict, ...).
+    """The actions of a solution() result when it is a complete action sequence: a string of \\boxed{} actions
+    with nothing but whitespace, commas or semicolons between them, or a list whose items are each one such
+    action. None otherwise (a goal description, which the official contract allows, or text mixing actions
+    with steps that depend on an observation, a list of ints, ...): validation cannot replay it, so it skips.
 
-    >>> solution_actions(r"\\boxed{up} \\boxed{left}"), solution_actions("reach the goal"), solution_actions([1, 2])
-    (['\\\\boxed{up}', '\\\\boxed{left}'], None, None)
+    >>> solution_actions(r"\\boxed{up}, \\boxed{left}"), solution_actions(r"\\boxed{heat} then answer 100/T")
+    (['\\\\boxed{up}', '\\\\boxed{left}'], None)
     """
     if isinstance(raw, str):
-        return all_boxed(raw) or None
-    if isinstance(raw, list) and raw and all(isinstance(a, str) for a in raw):
-        return list(raw)
+        actions, rest = all_boxed(raw), raw
+        for action in actions:
+            rest = rest.replace(action, " ", 1)
+        return actions if actions and not rest.strip(" \t\n,;.") else None
+    if isinstance(raw, list) and raw and all(isinstance(a, str) and all_boxed(a) == [a.strip()] for a in raw):
+        return [a.strip() for a in raw]
     return None
 
 
@@ -591,13 +595,14 @@ def skills_of(setting: str) -> tuple[str, ...]:
 
 
 def agent_tool_message(obs: str, hint: str | None, tools: dict | None) -> str:
-    """Turn 1 of a tool-use episode (prompts/agent_tools.txt): the environment's first user message, the hint
-    appended as for games, and, only for a chat template that does not render tools itself (tools given),
-    the tools as JSON (prompts/tools_fallback.txt)."""
+    """Turn 1 of a tool-use episode: the environment's first user message (the hint appended as for games), as
+    the official loop sends it, the chat template showing the tools. Only for a template that renders no tools
+    (tools given) is it wrapped in the call format and the tools as JSON (prompts/agent_tools.txt)."""
     if hint is not None:
         obs = _fill("agent_hint.txt", obs=obs, hint=hint)
-    listed = "" if tools is None else _fill("tools_fallback.txt", tools=json.dumps(tool_schemas(tools), indent=1))
-    return _fill("agent_tools.txt", obs=obs, tools=listed)
+    if tools is None:
+        return obs
+    return _fill("agent_tools.txt", obs=obs, tools=_fill("tools_fallback.txt", tools=json.dumps(tool_schemas(tools), indent=1)))
 
 
 def goes_to_step(reply: str, calls: list) -> bool:

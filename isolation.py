@@ -958,24 +958,28 @@ def _child_call(env, method: str, args: list, max_bytes: int) -> dict:
 
 
 def _child_tool(env, name, arguments) -> list:
-    """A tool call, env.tool_<name>(**arguments), as [output text, returncode] the way the official base class's
-    execute_tool answers: an exception inside the tool is the output "Error calling <name>: <exception>" with
-    returncode 1, so a wrong call is the agent's error to read, never the environment's failure. A result that
-    is not a str is shown as JSON (dict, list) or str()."""
-    import json
+    """A tool call as [output text, returncode]: through env.execute_tool(name, arguments) when the environment
+    has one (the injected ToolUseBaseEnv's, which records _call_history, or its own override), read as its
+    {"output", "returncode"}; else env.tool_<name>(**arguments), answered the way the base class's execute_tool
+    does: a result as str(), an exception as the output "Error calling <name>: <exception>" with returncode 1,
+    so a wrong call is the agent's error to read, never the environment's failure."""
     method = getattr(env, "tool_" + name, None) if type(name) is str and name.isidentifier() else None
     if method is None or not callable(method):
         return [f"Error calling {name}: no such tool", 1]
     if type(arguments) is not dict:
         return [f"Error calling {name}: arguments must be an object", 1]
-    value, failure = _child_run(lambda: method(**arguments), (), "error")
+    execute = getattr(env, "execute_tool", None)
+    call = (lambda: execute(name, arguments)) if callable(execute) else (lambda: method(**arguments))
+    value, failure = _child_run(call, (), "error")
     if failure and failure[0] == "memory":
         raise MemoryError
     if failure:
         return [f"Error calling {name}: {failure[1]}", 1]
-    if type(value) is str:
-        return [value, 0]
-    return [json.dumps(value) if type(value) in (dict, list) else str(value), 0]
+    if not callable(execute):
+        return [value if type(value) is str else str(value), 0]
+    if type(value) is not dict:
+        return [f"Error calling {name}: execute_tool returned {type(value).__name__}, not a dict", 1]
+    return [str(value.get("output", "")), 1 if value.get("returncode") else 0]
 
 
 def _child_tool_base():

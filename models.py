@@ -429,6 +429,38 @@ class _DummyRowsDone:
         return self.done
 
 
+# the update's batches (spade_mini.update): packed by a token budget, right-padded
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices sorted by length, packed so that rows x longest row <= token_budget (a longer one goes alone).
+
+    Lengths 1, 2 fit together (2 x 2 = 4 <= 6); adding 3 would pad to 3 x 3 = 9; 3 and 5 then go alone:
+    >>> micro_batches([5, 1, 3, 2], token_budget=6)
+    [[1, 3], [2], [0]]
+    """
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batches and (len(batches[-1]) + 1) * lengths[i] <= token_budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def right_pad(rows: list[list], pad, device, dtype=torch.long) -> torch.Tensor:
+    """(B, T) tensor of the rows, right-padded with `pad` to the longest."""
+    out = torch.full((len(rows), max(map(len, rows))), pad, dtype=dtype)  # (B, T)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
+    return out.to(device)
+
+
+def batch_tensors(rows: list[tuple[list, list]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, loss mask) of (token_ids, loss_mask) rows, each (b, T), right-padded."""
+    return (right_pad([ids for ids, _ in rows], pad_id, device), right_pad([[1] * len(ids) for ids, _ in rows], 0, device),
+            right_pad([mask for _, mask in rows], 0, device))
+
+
 def _left_pad(rows: list[list[int]], pad_id: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask), each (B, width), rows right-aligned."""
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)

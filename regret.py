@@ -7,7 +7,7 @@ the variants below); the agent's and the designer's samples then get per-role ad
 
 Everything here is a small pure function of numbers with a hand-computed example that runs as a doctest;
 `score_window` is the one function the training loop and `spade-mini score` both call. Standard
-library only. Departures (docs/details.md's numbered list): 9 (the default reward) and 15 (whom S counts).
+library only. Departures (docs/details.md's numbered list): 9 (the default reward), 15 (whom S counts), 23 (hangs).
 """
 import math
 
@@ -18,7 +18,7 @@ GAMMA_SLOW = 0.85                 # learning_potential: step size of the slow pe
 MAX_SCALE = 50.0                  # designer advantages: cap on S = n_RA / n_ED
 EPS = 1e-8                        # agent advantages: added to the std
 HANG_PENALTY = -0.5               # designer reward of an environment whose play hit a step timeout
-DESIGNER_REWARDS = ("regret", "blend", "solve_rate", "learning_potential")
+DESIGNER_REWARDS = ("regret", "blend", "solve_rate", "learning_potential", "regret_based")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -62,13 +62,14 @@ def designer_reward(variant: str, r_hint: float, r_nohint: float, w: float,
     * blend: 0.4 * clip((R_hint - R_nohint) / 0.15, 0, 1) + 0.6 * plateau(w)   (official code's default)
     * solve_rate: plateau(w)
     * learning_potential: |w - mu_slow|, mu_slow = the skill's slow mean of w (None: no history yet -> 0)
+    * regret_based: max(0, R_hint - w), the official delayed variant: against every unhinted play of the window
 
-    Worked example, r_hint=0.5, r_nohint=0.35, w=0.35, mu_slow=0.5:
-    regret = 0.15; blend = 0.4 * clip(0.15 / 0.15) + 0.6 * plateau(0.35) = 0.4 * 1 + 0.6 * 0.8 = 0.88;
-    solve_rate = 0.8; learning_potential = |0.35 - 0.5| = 0.15.
+    Worked example, r_hint=0.5, r_nohint=0.35, w=0.25, mu_slow=0.5:
+    regret = 0.15; blend = 0.4 * clip(0.15 / 0.15) + 0.6 * plateau(0.25) = 0.4 * 1 + 0.6 * 0.4 = 0.64;
+    solve_rate = 0.4; learning_potential = |0.25 - 0.5| = 0.25; regret_based = 0.5 - 0.25 = 0.25.
 
-    >>> [round(designer_reward(v, 0.5, 0.35, 0.35, mu_slow=0.5), 6) for v in DESIGNER_REWARDS]
-    [0.15, 0.88, 0.8, 0.15]
+    >>> [round(designer_reward(v, 0.5, 0.35, 0.25, mu_slow=0.5), 6) for v in DESIGNER_REWARDS]
+    [0.15, 0.64, 0.4, 0.25, 0.25]
     """
     if variant == "regret":
         return max(0.0, hint_regret(r_hint, r_nohint))
@@ -79,6 +80,8 @@ def designer_reward(variant: str, r_hint: float, r_nohint: float, w: float,
         return plateau(w)
     if variant == "learning_potential":
         return 0.0 if mu_slow is None else abs(float(w) - float(mu_slow))
+    if variant == "regret_based":
+        return max(0.0, hint_regret(r_hint, w))
     raise ValueError(f"unknown designer reward variant {variant!r}; choose one of {', '.join(DESIGNER_REWARDS)}")
 
 
@@ -191,7 +194,8 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
       returns (= r_nohint without any); regret = r_hint - r_nohint, unfloored.
     * w = mean of every unhinted return of the window; win_rate = the share of them > 0.
     * mu_slow: update_slow_means (every variant); learning_potential reads the UPDATED mean.
-    * designer_reward: hang_penalty if hung, else designer_reward(variant, ...).
+    * designer_reward: hang_penalty if hung (every variant: departure 23), else designer_reward(variant,
+      ...); `regret` pays the first step's regret, `regret_based` R_hint - w (all the window's plays).
     * designer_advantage = designer_advantages(..., S = designer_scale(n_RA, window, n_ED)).
     * agent_advantages[k] = agent_advantages(step k); hung environments get 0 everywhere.
 

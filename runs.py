@@ -77,9 +77,8 @@ class Config:
     thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
     # rewards
-    designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential
+    designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
-    invalid_penalty: float = 0.0        # opt-in designer reward for invalid programs (0 = no sample, the paper)
     # ablations
     no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)
     no_memory: bool = False             # designer prompts get no memory examples

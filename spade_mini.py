@@ -287,12 +287,16 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
 # the update: chunked completion-only log-probs, PPO-clip form, token-budget micro-batches, one optimizer step
 
 
+TIS_CAP = 2.0  # truncated importance sampling: the weight pi_old / pi_sampling is clamped to [0, 2]
+
+
 @dataclass
 class Sample:
     token_ids: list[int]
     loss_mask: list[int]   # 1 where the model wrote the token (trained), 0 for prompt/observations/padding
     advantage: float
     role: str              # "agent" or "designer"
+    sampling_logprobs: list[float] | None = None  # (T,) the sampling policy's, sampled_logprobs; None: pi_old's
 
 
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
@@ -326,17 +330,21 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.Tensor, advantages: torch.Tensor, *,
-                  clip_low: float, clip_high: float, kl_beta: float = 0.0,
-                  ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """Per-sample loss (B,) = mean over the sample's trainable tokens of the PPO-clip token loss (+ beta*k3).
+                  clip_low: float, clip_high: float, kl_beta: float = 0.0, ref_logp: torch.Tensor | None = None,
+                  sampling_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Per-sample loss (B,) = mean over the sample's trainable tokens of the PPO-clip token loss, times the
+    truncated importance weight w = clamp(pi_old / pi_sampling, 0, 2) when the sampling policy's log-probs are
+    given (stale samples; the official "TIS"), (+ beta*k3).
 
-    Worked example: one token, A = 2, logp = old -> ratio 1 -> loss = -min(1*2, clip(1, 0.8, 1.28)*2) = -2.
+    Worked example: one token, A = 2, logp = old -> ratio 1 -> loss = -min(1*2, clip(1, 0.8, 1.28)*2) = -2;
+    sampled at log-prob old - ln 1.5: w = 1.5, loss -3; at old - ln 3: w = min(3, 2) = 2, loss -4 (truncated).
     """
     mask = loss_mask.float()  # (B, T)
     ratio = torch.exp(logp - old_logp)  # (B, T)
     adv = advantages[:, None]  # (B, 1)
     unclipped, clipped = ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv  # (B, T)
-    per_token = -torch.minimum(unclipped, clipped)  # (B, T)
+    is_ratio = torch.ones_like(mask) if sampling_logp is None else torch.exp(old_logp - sampling_logp).detach()
+    per_token = -torch.minimum(unclipped, clipped) * is_ratio.clamp(0, TIS_CAP)  # (B, T)
     kl = torch.zeros_like(per_token)
     if ref_logp is not None:
         log_r = ref_logp - logp  # (B, T)
@@ -345,79 +353,54 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.T
     n = mask.sum(1).clamp(min=1)  # (B,)
     per_sample = (per_token * mask).sum(1) / n  # (B,)
     stats = {"clipped_tokens": float(((clipped < unclipped).float() * mask).sum()),
-             "kl_sum": float((kl.detach() * mask).sum()), "tokens": float(mask.sum())}
+             "kl_sum": float((kl.detach() * mask).sum()), "tokens": float(mask.sum()),
+             "is_sum": float((is_ratio * mask).sum()), "is_sq_sum": float((is_ratio ** 2 * mask).sum()),
+             "truncated_tokens": float(((is_ratio > TIS_CAP).float() * mask).sum())}
     return per_sample, stats
 
 
-def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Indices sorted by length, packed so that rows x longest row <= token_budget (a longer one goes alone).
-
-    Lengths 1, 2 fit together (2 x 2 = 4 <= 6); adding 3 would pad to 3 x 3 = 9; 3 and 5 then go alone:
-    >>> micro_batches([5, 1, 3, 2], token_budget=6)
-    [[1, 3], [2], [0]]
-    """
-    batches: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        if batches and (len(batches[-1]) + 1) * lengths[i] <= token_budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
-def _right_pad(rows: list[list], pad, device, dtype=torch.long) -> torch.Tensor:
-    """(B, T) tensor of the rows, right-padded with `pad` to the longest."""
-    out = torch.full((len(rows), max(map(len, rows))), pad, dtype=dtype)  # (B, T)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
-    return out.to(device)
-
-
-def _tensors(part: list[Sample], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids, attention mask, loss mask) of a micro-batch, each (b, T), right-padded."""
-    return (_right_pad([s.token_ids for s in part], pad_id, device),
-            _right_pad([[1] * len(s.token_ids) for s in part], 0, device),
-            _right_pad([s.loss_mask for s in part], 0, device))
-
-
-def _old_logprobs(model, samples: list[Sample], wanted: list[int], *, temperature: float, token_budget: int,
-                  pad_id: int, chunk_size: int) -> list[torch.Tensor]:
-    """The log-probs (T,) of samples[i], i in wanted (None elsewhere), under the weights that sampled them, in eval
-    mode (no dropout, as when sampled), taken once before the first of several optimizer steps (the PPO ratio's
-    denominator)."""
-    old: list[torch.Tensor] = [None] * len(samples)  # type: ignore[list-item]
+def sampled_logprobs(model, rows: list, *, temperature: float, token_budget: int, pad_id: int,
+                     chunk_size: int = 512) -> list[list[float]]:
+    """The current weights' log-probs (T,) of each (token_ids, loss_mask) row (0 where the mask is 0), in eval
+    mode (no dropout, as when sampled) with the update's own token_logprobs: taken right after sampling they are
+    the sampling policy's (a designer sample's TIS denominator); before a step, pi_old."""
+    out: list = [None] * len(rows)
     model.eval()
     with torch.no_grad():
-        for batch in micro_batches([len(samples[i].token_ids) for i in wanted], token_budget):
-            ids, attn, mask = _tensors([samples[wanted[j]] for j in batch], pad_id, model.device)  # (b, T)
+        for batch in models.micro_batches([len(ids) for ids, _ in rows], token_budget):
+            ids, attn, mask = models.batch_tensors([rows[j] for j in batch], pad_id, model.device)  # (b, T)
             logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
             for row, j in enumerate(batch):
-                old[wanted[j]] = logp[row, : len(samples[wanted[j]].token_ids)].cpu()
-    return old
+                out[j] = logp[row, : len(rows[j][0])].tolist()
+    return out
 
 
 def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dict, *, temperature: float,
                 clip_low: float, clip_high: float, kl_beta: float, pad_id: int, chunk_size: int) -> None:
     """Forward and backward of one micro-batch; the loss is divided by n, the optimizer step's sample count,
     so accumulated micro-batches give exactly the gradient of one big batch."""
-    ids, attn, mask = _tensors(part, pad_id, model.device)  # (b, T) each
+    ids, attn, mask = models.batch_tensors([(s.token_ids, s.loss_mask) for s in part], pad_id, model.device)  # (b, T)
     logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
-    # subtle: with one optimizer step per batch the weights that sampled are the weights scored here, so the
-    # "old" log-probs are the current ones, detached: ratio == 1 in value, its gradient d logp (the policy
-    # gradient). A re-score of the rollout would differ only by numerics (eval vs train mode, padding).
-    old_logp = logp.detach() if old is None else _right_pad(old, 0.0, model.device, torch.float32)  # (b, T)
+    # subtle: with one optimizer step, pi_old (the weights before this step) are the weights scored here, so
+    # the "old" log-probs are the current ones, detached: ratio == 1 in value, its gradient d logp. A sample
+    # sampled by earlier weights (a designer's, R - 1 steps old) is corrected by TIS against its sampling ones.
+    old_logp = logp.detach() if old is None else models.right_pad(old, 0.0, model.device, torch.float32)  # (b, T)
+    sampling = old_logp.clone()  # (b, T): a sample without its own was sampled by pi_old itself (w = 1)
+    for i, s in enumerate(part):
+        if s.sampling_logprobs is not None:
+            sampling[i, : len(s.sampling_logprobs)] = torch.tensor(s.sampling_logprobs, device=model.device)
     ref = None
     if kl_beta > 0:
         with torch.no_grad(), model.disable_adapter():
             ref = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)
     adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=model.device)  # (b,)
     per_sample, stats = ppo_clip_loss(logp, old_logp, mask, adv, clip_low=clip_low, clip_high=clip_high,
-                                      kl_beta=kl_beta, ref_logp=ref)
+                                      kl_beta=kl_beta, ref_logp=ref, sampling_logp=sampling)
     loss = per_sample.sum() / n
     loss.backward()
     totals["loss"] += loss.item()
     totals["padded_tokens"] += ids.numel()
-    for k in ("clipped_tokens", "kl_sum", "tokens"):
+    for k in ("clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"):
         totals[k] += stats[k]
 
 
@@ -427,6 +410,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     """`updates` (K) optimizer steps over the samples. K = 1: ONE step on all of them (the ratio is 1, the clip
     cannot bind). K > 1: the samples are shuffled (by `seed`) into K mini-batches, one step each, against
     log-probs taken once before the first (cleanrl's PPO mini-batches): the ratio moves and the clip binds.
+    A sample with sampling_logprobs (sampled by earlier weights) is weighted by TIS, ppo_clip_loss's w.
     Each step's samples go through token-budget micro-batches, gradients accumulated, then norm-clipped. Under
     torchrun each rank takes its share of every step's samples (the same shuffle on every rank), divides by the
     step's GLOBAL sample count, and the gradients are summed over the ranks before the clip: one process's step."""
@@ -437,15 +421,18 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
         random.Random(seed).shuffle(order)
     shares = [order[k::updates] for k in range(min(updates, len(samples)))] or [[]]   # no samples: a no-op step
     mine = [models.my_share(share) for share in shares]    # this rank's part of each step (all, in one process)
-    old = _old_logprobs(model, samples, sorted(i for part in mine for i in part), temperature=temperature,
-                        token_budget=token_budget, pad_id=pad_id, chunk_size=chunk_size) if len(shares) > 1 else None
+    wanted = sorted(i for part in mine for i in part)
+    old = dict(zip(wanted, sampled_logprobs(model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted],
+                                            temperature=temperature, token_budget=token_budget, pad_id=pad_id,
+                                            chunk_size=chunk_size))) if len(shares) > 1 else None   # pi_old
     model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     params = [p for p in model.parameters() if p.requires_grad]
-    totals = {"loss": 0.0, "clipped_tokens": 0.0, "kl_sum": 0.0, "tokens": 0.0, "padded_tokens": 0}
+    totals = dict.fromkeys(("loss", "clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"), 0.0)
+    totals["padded_tokens"] = 0
     norms = []
     for share, own in zip(shares, mine):
         optimizer.zero_grad(set_to_none=True)
-        for batch in micro_batches([len(samples[i].token_ids) for i in own], token_budget):
+        for batch in models.micro_batches([len(samples[i].token_ids) for i in own], token_budget):
             part = [samples[own[j]] for j in batch]
             _accumulate(model, part, None if old is None else [old[own[j]] for j in batch], len(share), totals,
                         temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta,
@@ -458,8 +445,10 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     rate = totals["tokens"] / max(seconds, 1e-9)    # this rank's
     models.sum_totals(totals, model.device)         # torchrun: the step's loss and token counts over all ranks
     n = max(totals["tokens"], 1.0)
+    is_mean = totals["is_sum"] / n   # the TIS ratio pi_old / pi_sampling over the trained tokens: mean, std
     return {"loss": totals["loss"] / len(shares), "kl": totals["kl_sum"] / n, "clip_frac": totals["clipped_tokens"] / n,
             "grad_norm": sum(norms) / len(norms), "updates": len(shares), "tokens": int(totals["tokens"]),
             "padded_tokens": totals["padded_tokens"], "samples": len(samples), "seconds": seconds,
-            "tokens_per_s": rate,
+            "tokens_per_s": rate, "is_ratio_mean": is_mean, "tis_frac": totals["truncated_tokens"] / n,
+            "is_ratio_std": max(totals["is_sq_sum"] / n - is_mean ** 2, 0.0) ** 0.5,
             "peak_mem_mb": models.peak_memory_mb(model)}

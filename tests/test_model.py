@@ -1,6 +1,7 @@
 """The model side on a tiny random Llama (2 layers, SmolLM2's 49k vocabulary), CPU only, no downloads:
 log-probs, loss, update and generation, each property checked against a naive or hand-computed reference."""
 import contextlib
+import math
 import importlib.util
 import logging
 import os
@@ -489,3 +490,37 @@ def test_the_nf4_lora_decode_step_compiles_as_one_graph_without_recompiles(monke
     models.generate(model, tok, [p[:-1] for p in prompts], static_cache=True, **gen)   # same buckets
     assert counters["stats"]["unique_graphs"] == 1
     assert model.get_base_model().hf_quantizer is not None   # the veto is back after the call
+
+
+def test_the_tis_weight_is_pi_old_over_pi_sampling_truncated_at_two():
+    """One token, A = 2, ratio 1 (logp = old). Sampled at log-prob old - ln 1.5: w = 1.5, loss -3. Sampled at
+    old - ln 3: w = min(3, 2) = 2, loss -4, one truncated token. Without sampling log-probs: w = 1, loss -2."""
+    logp, mask, adv = torch.tensor([[0.0, -1.0]]), torch.tensor([[0, 1]]), torch.tensor([2.0])
+    kw = dict(clip_low=0.2, clip_high=0.28)
+    for shift, loss, truncated in ((math.log(1.5), -3.0, 0), (math.log(3.0), -4.0, 1)):
+        per_sample, stats = sm.ppo_clip_loss(logp, logp, mask, adv, sampling_logp=logp - shift, **kw)
+        assert float(per_sample[0]) == pytest.approx(loss) and stats["truncated_tokens"] == truncated
+    assert float(sm.ppo_clip_loss(logp, logp, mask, adv, **kw)[0][0]) == pytest.approx(-2.0)
+
+
+def test_a_designer_sample_is_off_policy_after_r_minus_1_updates_and_tis_bounds_its_weight():
+    """A sample whose log-probs are recorded when sampled, then R - 1 = 3 updates on other samples (the rest of a
+    window): the ratio pi_old / pi_sampling of its tokens is no longer 1; the update weights each token by it,
+    truncated at 2 (the loss of one ratio-1 step is -A times the mean weight), and logs its spread."""
+    model, tok, _ = tiny(seed=11)
+    ids, attn, mask = make_batch(len(tok), [30, 26, 34], seed=12)
+    designer, *agent = samples_from(ids, attn, mask, [1.0, 1.0, -1.0])
+    rows = [(designer.token_ids, designer.loss_mask)]
+    designer.sampling_logprobs = sm.sampled_logprobs(model, rows, temperature=1.0, token_budget=4096, pad_id=0)[0]
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    for _ in range(3):
+        sm.update(model, opt, agent, temperature=1.0, token_budget=4096, max_grad_norm=1e9)
+    old = torch.tensor(sm.sampled_logprobs(model, rows, temperature=1.0, token_budget=4096, pad_id=0)[0])
+    trained = torch.tensor(designer.loss_mask).bool()
+    ratio = torch.exp(old - torch.tensor(designer.sampling_logprobs))[trained]
+    assert (ratio - 1).abs().max() > 0.05 and (ratio > 2).any()
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    out = sm.update(model, sgd, [designer], temperature=1.0, token_budget=4096, max_grad_norm=1e9)
+    assert out["loss"] == pytest.approx(-float(ratio.clamp(max=2).mean()), rel=1e-4)
+    assert out["tis_frac"] == pytest.approx(float((ratio > 2).float().mean()))
+    assert out["is_ratio_std"] == pytest.approx(float(ratio.std(unbiased=False)), rel=1e-3)

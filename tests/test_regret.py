@@ -115,6 +115,25 @@ def test_score_window_matches_timing_and_pools_w_over_the_window():
     assert e["agent_advantages"] == [[0.0, 0.0], [0.0, 0.0]]
 
 
+def test_regret_based_pays_the_hint_gap_against_every_unhinted_play_of_the_window():
+    """R = 2, one skill. Env 1: hinted [1, 1, 1, 1], unhinted [[0, 0, 0, 0], [1, 1, 1, 1]]; env 2: hinted
+    [1, 1, 0, 0], unhinted all 0. regret (first step): 1 - 0 = 1 and 0.5 - 0 = 0.5, centred +-0.25, S =
+    min(8 * 2 / 2, 50) = 8: [+2, -2]. regret_based (the official delayed variant): 1 - 0.5 = 0.5 and
+    0.5 - 0 = 0.5: both 0.5, centred [0, 0]."""
+    given = [{"skill": "A", "hinted": [1, 1, 1, 1], "unhinted": [[0, 0, 0, 0], [1, 1, 1, 1]]},
+             {"skill": "A", "hinted": [1, 1, 0, 0], "unhinted": [[0, 0, 0, 0], [0, 0, 0, 0]]}]
+    first_step = regret.score_window("regret", given, {}, 2)["envs"]
+    assert [e["designer_advantage"] for e in first_step] == pytest.approx([2.0, -2.0])
+    window = regret.score_window("regret_based", given, {}, 2)["envs"]
+    assert [e["designer_reward"] for e in window] == [0.5, 0.5]
+    assert [e["designer_advantage"] for e in window] == [0.0, 0.0]
+
+
+def test_regret_based_gives_a_hung_environment_the_penalty():
+    given = [{"skill": "A", "hung": True, "hinted": [1, 1], "unhinted": [[0, 0]]}, {"skill": "A", "unhinted": [[0, 0]]}]
+    assert regret.score_window("regret_based", given, {}, 1)["envs"][0]["designer_reward"] == -0.5
+
+
 def test_score_window_without_hinted_plays_has_zero_regret():
     (e,) = regret.score_window("regret", [{"skill": "A", "unhinted": [[0, 1]]}], {}, 1)["envs"]
     assert e["r_hint"] == e["r_nohint"] == 0.5 and e["regret"] == 0.0

@@ -385,3 +385,60 @@ def test_tools_that_turn_hostile_at_a_later_seed_end_that_episode_in_one_line(ti
 def test_a_reply_of_thousands_of_nested_brackets_is_a_tool_call_error_not_a_recursion_error():
     calls = envs.parse_tool_calls("<tool_call>" + "[" * 100_000 + "</tool_call>")
     assert len(calls) == 1 and calls[0].startswith("Error: the tool call is not valid JSON")
+
+def test_a_catastrophic_regex_in_a_schema_never_runs_in_the_trainer():
+    """A schema's pattern against the model's argument: (a+)+$ on 'aaaa...!' backtracks for ages if matched."""
+    import time
+    tools = envs.parse_tools({"t": {"description": "", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}}})
+    start = time.time()
+    assert envs.check_tool_call({"name": "t", "arguments": {"s": "a" * 40 + "!"}}, tools) is None
+    assert time.time() - start < 1.0
+
+
+# an answer check that reads the call history, which only the base class's execute_tool keeps
+LEDGER = '''
+class LedgerEnv(ToolUseBaseEnv):
+    def reset(self, seed=None):
+        self.turn_count, self._call_history = 0, []
+        self._tools = {"balance": {"description": "The account's balance.",
+                                   "parameters": {"type": "object", "properties": {}}}}
+        return "What is the balance? Look it up, then answer in <answer></answer>.", {}
+
+    def tool_balance(self):
+        return {"amount": 12}
+
+    def step(self, action):
+        self.turn_count += 1
+        won = bool(self._call_history) and "<answer>12</answer>" in action
+        return ("Correct!" if won else "Look it up first."), float(won), won, self.turn_count >= self.max_turns, {}
+
+    def solution(self):
+        return [{"name": "balance", "arguments": {}}, "<answer>12</answer>"]
+'''
+
+
+def test_tool_calls_go_through_execute_tool_so_an_answer_check_can_read_the_call_history():
+    verdict = validate(LEDGER)
+    assert verdict.valid, verdict
+
+
+def test_a_tool_result_is_rendered_with_str_as_the_base_class_does():
+    with envs.open_env(LEDGER, 4) as env:
+        env.call("reset", 0)
+        assert envs.tool_result(env.call(":tool", "balance", {})) == ("{'amount': 12}", False)
+
+
+def test_an_environments_own_execute_tool_answers_its_calls():
+    code = LEDGER + '''
+    def execute_tool(self, name, args):
+        return {"output": "audited: " + str(getattr(self, "tool_" + name)(**args)), "returncode": 1}
+'''
+    with envs.open_env(code, 4) as env:
+        env.call("reset", 0)
+        assert envs.tool_result(env.call(":tool", "balance", {})) == ("audited: {'amount': 12}", True)
+
+
+def test_the_first_tool_use_message_is_the_observation_when_the_template_shows_the_tools():
+    assert envs.agent_tool_message("Book a table.", None, None) == "Book a table."
+    assert "<tool_call>" in envs.agent_tool_message("Book a table.", None, {"a": {"description": "", "parameters": {}}})
