@@ -64,6 +64,23 @@ class SeedEnv:
     def solution(self):
         return "\\\\boxed{%d}" % self.seed
 '''
+# The parity game written anew for the second window: resending PARITY_ENV, which the second window's prompt shows
+# as a memory example, would be rejected as a copy (evaluate.reject_copies).
+ODD_EVEN_ENV = '''
+class OddEvenEnv:
+    """The length of the action must have the seed's parity."""
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+        self.wanted = 0
+    def reset(self, seed=None):
+        self.wanted = (seed or 0) % 2
+        return "Whether you win depends on how long your \\\\boxed{} answer is.", {}
+    def step(self, action):
+        ok = (len(action) - self.wanted) % 2 == 0
+        return ("you win" if ok else "you lose"), 1.0 if ok else 0.0, True, False, {}
+    def solution(self):
+        return "\\\\boxed{" + "x" * (2 - self.wanted) + "}"
+'''
 INVALID = "class BrokenEnv(:\n    pass"
 
 
@@ -72,8 +89,8 @@ def answer(code: str) -> str:
 
 
 class ScriptedDesigner:
-    """Designer prompts get scripted answers, by attempt: [valid, invalid] for the two slots, then [valid]
-    for the slot still empty (ThirdsEnv in the first window, SeedEnv in the second). Every other prompt goes to the real model. Records prompts and update calls."""
+    """Designer prompts get scripted answers, by attempt: [valid, invalid] for the two slots (ParityEnv in the
+    first window, OddEvenEnv in the second), then [valid] for the slot still empty (ThirdsEnv, then SeedEnv). Every other prompt goes to the real model. Records prompts and update calls."""
 
     def __init__(self, monkeypatch, fail_at: tuple | None = None):
         self.real_generate, self.real_update = models.generate, sm.update
@@ -94,8 +111,9 @@ class ScriptedDesigner:
         if not any("You are an Environment Designer" in t for t in texts):
             return self.real_generate(model, tok, prompts, **kw)
         self.designer_prompts.append(texts)
-        second = THIRDS_ENV if len(self.designer_prompts) <= 2 else SEED_ENV   # window 0, then window 2
-        script = [answer(PARITY_ENV), answer(INVALID)] if len(prompts) == 2 else [answer(second)]
+        window0 = len(self.designer_prompts) <= 2
+        first, second = (PARITY_ENV, THIRDS_ENV) if window0 else (ODD_EVEN_ENV, SEED_ENV)   # window 0, window 2
+        script = [answer(first), answer(INVALID)] if len(prompts) == 2 else [answer(second)]
         return [models.Completion(p, tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], a, True)
                 for p, a in zip(prompts, script)]
 

@@ -1,12 +1,16 @@
 """evaluate.py's held-out evaluation: the item set, answer extraction and scoring by hand, then end to end with a tiny random model."""
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 import cli
+import envs
 import models
 import evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
 
 WIN_ENV = '''
 class WinEnv:
@@ -175,3 +179,16 @@ def test_an_adapter_without_its_config_is_a_one_line_error(tmp_path, capsys):
     assert cli.main(["eval", "--adapter", str(tmp_path), "--limit", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("spade-mini: error: the adapter:") and "adapter_config.json" in err[0]
+
+
+def test_a_valid_program_that_repeats_an_example_of_its_prompt_is_rejected_as_a_copy():
+    """The in-context example with its class renamed is a copy; a different valid game and an invalid program
+    keep their verdicts; a program is only compared with what ITS prompt showed."""
+    example = envs.example_program()
+    cups = (ROOT / "examples" / "cups.py").read_text()
+    verdicts = [envs.Verdict(True, "ok", "SumEnv"), envs.Verdict(True, "ok", "CupsEnv"),
+                envs.Verdict(False, "syntax", None), envs.Verdict(True, "ok", "CupsEnv")]
+    codes = [example.replace("PairSumEnv", "SumEnv"), cups, "class (", cups]
+    out = evaluate.reject_copies(codes, verdicts, [[example], [example], [example], [example, cups]])
+    assert [(v.valid, v.reason) for v in out] == [(False, "copy"), (True, "ok"), (False, "syntax"), (False, "copy")]
+    assert "similarity" in out[0].detail
