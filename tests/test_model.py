@@ -524,3 +524,30 @@ def test_a_designer_sample_is_off_policy_after_r_minus_1_updates_and_tis_bounds_
     assert out["loss"] == pytest.approx(-float(ratio.clamp(max=2).mean()), rel=1e-4)
     assert out["tis_frac"] == pytest.approx(float((ratio > 2).float().mean()))
     assert out["is_ratio_std"] == pytest.approx(float(ratio.std(unbiased=False)), rel=1e-3)
+
+
+def test_the_coder_gguf_is_assembled_from_its_parts_in_order_and_only_kept_when_its_hash_matches(tmp_path, monkeypatch):
+    """models._assembled_coder: the parts found through package metadata (stand-ins here), joined in order, kept
+    only with the published size and sha256; a mismatch leaves no file behind (untrusted data is never used)."""
+    import hashlib
+    import importlib.metadata
+    import types
+    import runs
+    parts = {f"part{i}": bytes([i]) * (1000 + i) for i in range(1, 4)}
+    for name, data in parts.items():
+        (tmp_path / f"{name}.bin").write_bytes(data)
+
+    def distribution(name):
+        path = tmp_path / f"{name}.bin"
+        file = types.SimpleNamespace(suffix=".bin", locate=lambda: path)
+        return types.SimpleNamespace(files=[types.SimpleNamespace(suffix=".py", locate=lambda: None), file])
+    whole = b"".join(parts.values())
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    monkeypatch.setattr(runs, "CODER_PARTS", list(parts))
+    monkeypatch.setattr(runs, "CODER_SIZE", len(whole))
+    monkeypatch.setattr(runs, "CODER_SHA256", hashlib.sha256(whole[::-1]).hexdigest())   # not this file's
+    with pytest.raises(ValueError, match="not used"):
+        models._assembled_coder(str(tmp_path / "cache"))
+    assert not any((tmp_path / "cache").iterdir())
+    monkeypatch.setattr(runs, "CODER_SHA256", hashlib.sha256(whole).hexdigest())
+    assert models._assembled_coder(str(tmp_path / "cache")).read_bytes() == whole
