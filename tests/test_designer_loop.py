@@ -220,6 +220,7 @@ def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advanta
     run, designer = designed_run
     windows = [r for r in lines(run / "samples.jsonl") if r["kind"] == "window"]
     assert [w["step"] for w in windows] == [1, 3] and all(w["designed"] for w in windows)
+    compared = 0
     for w, update_index in zip(windows, (1, 3)):
         (tmp_path / "window.json").write_text(json.dumps(w["input"]))
         buf = io.StringIO()
@@ -232,7 +233,9 @@ def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advanta
         # the agent samples of the window's last step carry score's agent advantages (step k = 1)
         agent = sorted(s.advantage for s in designer.updates[update_index] if s.role == "agent")
         logged = sorted(a for e in w["output"]["envs"] for a in e["agent_advantages"][1] if a != 0)
-        assert agent == pytest.approx(logged) and agent
+        assert agent == pytest.approx(logged)
+        compared += len(agent)
+    assert compared   # not vacuous: some window's last step trained agent samples (a step may tie, no gradient)
 
 
 def test_designer_samples_have_a_nonzero_lora_gradient(designed_run):

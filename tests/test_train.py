@@ -35,7 +35,8 @@ class EchoEnv:
 
 TINY = ["--model", "tiny-random", "--envs-per-step", "2", "--design-attempts", "1", "--plays", "3",
         "--hinted-plays", "2", "--max-turns", "2", "--designer-max-new-tokens", "24", "--hint-max-new-tokens",
-        "8", "--agent-max-new-tokens", "24", "--agent-max-episode-tokens", "48", "--doc-words", "50"]
+        "8", "--agent-max-new-tokens", "24", "--agent-max-episode-tokens", "48", "--doc-words", "50",
+        "--regen-interval", "1"]   # one-step windows: every step designs (the tiny preset plays one window of 2)
 
 
 @pytest.fixture(scope="module")
