@@ -67,12 +67,12 @@ def main() -> None:
     summary = {"model": args.model, "slots": args.slots, "max_new_tokens": args.max_new_tokens,
                "example": args.example or "prompts/example_env.txt", "load_s": round(load_s, 1),
                "design_s": round(design_s, 1), "programs_per_min": round(len(designs) / design_s * 60, 2),
-               "valid_share": len(valid) / len(designs), "copy_share": reasons["copy"] / len(designs),
-               "novel_valid_share": len(valid) / len(designs),   # copies are no longer valid (reason `copy`)
+               # valid by the sandbox, copies included; novel = valid and not a copy (copies get reason `copy`)
+               "valid_share": (len(valid) + reasons["copy"]) / len(designs), "copy_share": reasons["copy"] / len(designs),
+               "novel_valid_share": len(valid) / len(designs),
                "diversity_valid": round(evaluate.diversity([d.code for d in valid]), 3) if valid else None,
                "reasons": dict(reasons.most_common()),
                "mean_completion_tokens": round(sum(len(d.completion_ids) for d in designs) / len(designs), 1)}
-    summary["valid_share"] = (len(valid) + reasons["copy"]) / len(designs)   # valid by the sandbox, copies included
     for key, value in summary.items():
         print(f"{key}: {value}")
     if args.json:
