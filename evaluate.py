@@ -520,12 +520,10 @@ def _call_string(call: dict) -> str:
     return f"{call['name']}(" + ", ".join(f"{k}={v!r}" for k, v in call["arguments"].items()) + ")"
 
 
-def _bfcl_prompt(tok, messages: list[dict], tools: list[dict], native: bool) -> list[int]:
-    if native:
-        text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    else:
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tok(text, add_special_tokens=False)["input_ids"]
+def _bfcl_first_ids(tok, item: dict, native: bool) -> list[int]:
+    """The first prompt's ids: turn 0's message, with the tools in the template's own block when it has one."""
+    return models.chat_ids(tok, _bfcl_turn_message(item, 0, native)["content"], False,
+                           item["tools"] if native else None)
 
 
 def _bfcl_turn_message(item: dict, turn: int, native: bool) -> dict:
@@ -539,30 +537,38 @@ def _bfcl_turn_message(item: dict, turn: int, native: bool) -> dict:
 
 
 def bfcl_evaluate(model, tok, *, limit: int, max_new_tokens: int = 256, max_steps: int = 4,
-                  limits: Limits = Limits(call_timeout=60.0, cpu_seconds=300), progress: bool = False) -> dict:
+                  limits: Limits = Limits(call_timeout=60.0, cpu_seconds=300), progress: bool = False,
+                  reuse_cache: bool = True) -> dict:
     """BFCL v4 multi-turn base, the first `limit` items: every item advances together (one greedy generate per
     round); a reply's tool calls run in the item's sandboxed BFCL program and their results come back as tool
     messages; a reply without a call ends the turn (so does the max_steps-th tool reply). BFCL's checker then
-    scores the turns' calls. Returns {"score", "categories": {bfcl_multi_turn_base}, "called" (share of items
-    with a call), "n", "eval_s", "items"}."""
+    scores the turns' calls. reuse_cache: the KV cache carries over from round to round (models.generate_turn,
+    as in play), so a round prefills only the messages added since, not the whole ~5k-token conversation.
+    Returns {"score", "categories": {bfcl_multi_turn_base}, "called" (share of items with a call), "n",
+    "eval_s", "items" (each with its calls and replies)}."""
     t0, program, native = time.time(), bfcl_program(), models.renders_tools(tok)
     items = bfcl_items(limit)
     procs = [EnvProcess(program, {}, limits) for _ in items]
-    state = [{"messages": [_bfcl_turn_message(it, 0, native)], "turn": 0, "steps": 0, "decoded": [[]]} for it in items]
+    state = [{"ids": _bfcl_first_ids(tok, it, native), "added": [], "turn": 0, "steps": 0, "decoded": [[]],
+              "replies": []} for it in items]
+    batch, gen = None, dict(max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=0)
     try:
         while active := [i for i, s in enumerate(state) if s["turn"] < len(items[i]["ground_truth"])]:
-            outs = models.generate(model, tok, [_bfcl_prompt(tok, state[i]["messages"], items[i]["tools"], native)
-                                                for i in active], max_new_tokens=max_new_tokens, temperature=0.0,
-                                   top_p=1.0, top_k=0, seed=0)
+            ids = [state[i]["ids"] for i in active]
+            if reuse_cache:
+                outs, batch = models.generate_turn(model, tok, active, ids, batch, [state[i]["added"] for i in active],
+                                                   **gen)
+            else:
+                outs = models.generate(model, tok, ids, **gen)
             for i, out in zip(active, outs):
-                _bfcl_advance(items[i], state[i], procs[i], out.text, max_steps, native)
+                _bfcl_advance(items[i], state[i], procs[i], out, max_steps, native, tok)
             if progress:
                 print(f"bfcl: round done, {len(active)} items active ({time.time() - t0:.0f}s)", file=sys.stderr)
         scores = [_bfcl_check(p, it, s["decoded"]) for p, it, s in zip(procs, items, state)]
     finally:
         for p in procs:
             p.close()
-    details = [{"id": it["entry"]["id"], "valid": v, "error_type": why, "calls": s["decoded"]}
+    details = [{"id": it["entry"]["id"], "valid": v, "error_type": why, "calls": s["decoded"], "replies": s["replies"]}
                for it, s, (v, why) in zip(items, state, scores)]
     score = sum(v for v, _ in scores) / len(items) if items else 0.0
     return {"score": score, "categories": {BFCL_CATEGORY: score}, "n": len(items),
@@ -570,10 +576,13 @@ def bfcl_evaluate(model, tok, *, limit: int, max_new_tokens: int = 256, max_step
             "eval_s": round(time.time() - t0, 2), "items": details}
 
 
-def _bfcl_advance(item: dict, st: dict, proc: EnvProcess, reply: str, max_steps: int, native: bool) -> None:
-    """One reply of an item: run its calls (results as tool messages) or end the turn."""
-    calls = [c for c in envs.parse_tool_calls(envs.after_thinking(reply)) if isinstance(c, dict)]
-    st["messages"].append({"role": "assistant", "content": reply})
+def _bfcl_advance(item: dict, st: dict, proc: EnvProcess, reply: models.Completion, max_steps: int, native: bool,
+                  tok) -> None:
+    """One reply of an item: run its calls (results as tool messages) or end the turn; the reply's tokens and
+    the messages' tokens that follow it join the item's ids (st["added"]: those messages' tokens)."""
+    calls = [c for c in envs.parse_tool_calls(envs.after_thinking(reply.text)) if isinstance(c, dict)]
+    st["replies"].append(reply.text)
+    messages = []
     if calls:
         strings = [_call_string(c) for c in calls]
         try:
@@ -582,13 +591,15 @@ def _bfcl_advance(item: dict, st: dict, proc: EnvProcess, reply: str, max_steps:
         except SandboxError as err:
             results = [f"Error during execution: {err}"]
         st["decoded"][-1].append(strings)
-        st["messages"] += [{"role": "tool", "content": r} for r in results]
+        messages += [{"role": "tool", "content": r} for r in results]
         st["steps"] += 1
     if not calls or st["steps"] >= max_steps:
         st["turn"], st["steps"] = st["turn"] + 1, 0
         if st["turn"] < len(item["ground_truth"]):
             st["decoded"].append([])
-            st["messages"].append(_bfcl_turn_message(item, st["turn"], native))
+            messages.append(_bfcl_turn_message(item, st["turn"], native))
+    st["added"] = models.messages_ids(tok, reply.completion_ids, messages) if messages else []
+    st["ids"] = st["ids"] + reply.completion_ids + st["added"]
 
 
 def _bfcl_check(proc: EnvProcess, item: dict, decoded: list) -> tuple[bool, str]:

@@ -377,9 +377,34 @@ def observation_ids(tok, observation: str, reply_ids: list[int], frame: tuple[st
     text starts with that same token, so it is dropped here, and kept when max_new_tokens cut the reply.
     """
     close, open_ = frame or turn_frame(tok)
-    if reply_ids and reply_ids[-1] in tok.all_special_ids and close.startswith(tok.decode(reply_ids[-1:])):
-        close = close[len(tok.decode(reply_ids[-1:])):]
-    return tok(close + observation + open_, add_special_tokens=False)["input_ids"]
+    return tok(_after_stop(tok, reply_ids, close) + observation + open_, add_special_tokens=False)["input_ids"]
+
+
+def _after_stop(tok, reply_ids: list[int], text: str) -> str:
+    """The template's text after a reply, less the stop token the reply already ends with."""
+    if reply_ids and reply_ids[-1] in tok.all_special_ids and text.startswith(tok.decode(reply_ids[-1:])):
+        return text[len(tok.decode(reply_ids[-1:])):]
+    return text
+
+
+def messages_ids(tok, reply_ids: list[int], messages: list[dict], thinking: bool = False) -> list[int]:
+    """Token ids that follow a generated reply when several messages come after it (BFCL: the tool results, then
+    the next question), up to the next reply's prompt: observation_ids for any run of roles, found the same way
+    (the roles rendered with marker contents, the markers then replaced); a role the template refuses is "user"."""
+    markers = [f"\x01MESSAGE{k}\x01" for k in range(len(messages))]
+    def render(roles):
+        probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_REPLY}]
+        return tok.apply_chat_template(probe + [{"role": r, "content": m} for r, m in zip(roles, markers)],
+                                       tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
+    try:
+        text = render([m["role"] for m in messages])
+    except Exception:   # jinja2's TemplateError: this template knows no such role
+        text = render(["user"] * len(messages))
+    rest, parts = text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):], []
+    for marker, message in zip(markers, messages):   # in one pass: a content may hold a marker's text
+        head, rest = rest.split(marker, 1)
+        parts += [head, message["content"]]
+    return tok(_after_stop(tok, reply_ids, "".join(parts) + rest), add_special_tokens=False)["input_ids"]
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The tool-use setting (docs/tool_use.md): the contract and its validation in the sandbox, the injected ToolUseBaseEnv,
 tool-call parsing, a scripted agent through the rollout engine, BFCL scoring, and one self-play step."""
+import ast
 import importlib.util
 import json
 import os
@@ -202,6 +203,11 @@ def test_a_tool_aware_template_renders_the_tools_and_frames_results_as_tool_resp
     assert "<tools>" in text and '"name": "ls"' in text
     close, open_ = models.turn_frame(tok, False, "tool")
     assert close.endswith("<tool_response>\n") and open_.startswith("\n</tool_response>")
+    reply = tok('<tool_call>{"name": "ls", "arguments": {}}</tool_call><|im_end|>', add_special_tokens=False)
+    following = [{"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}, {"role": "user", "content": "cd"}]
+    assert tok.decode(models.messages_ids(tok, reply["input_ids"], following)) == (   # BFCL: results, then a question
+        "\n<|im_start|>user\n<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\ncd<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -229,6 +235,66 @@ def test_eval_every_can_include_bfcl(tiny_model):
     model, tok = tiny_model
     out = evaluate.eval_metrics(model, tok, limit=1, seed=0, max_new_tokens=8, suites=["bfcl"])
     assert out["eval/bfcl_multi_turn_base"] == 0.0 and "eval/score" not in out   # a random model calls no tool
+
+
+def tool_call_reply(calls: list[str]) -> str:
+    """BFCL's ground-truth call strings (keyword arguments) as one reply of <tool_call> blocks."""
+    blocks = []
+    for call in calls:
+        node = ast.parse(call, mode="eval").body
+        arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+        blocks.append("<tool_call>" + json.dumps({"name": node.func.id, "arguments": arguments}) + "</tool_call>")
+    return "\n".join(blocks)
+
+
+@needs_bfcl
+def test_bfcl_rounds_prefill_only_what_was_added_and_a_scripted_agent_scores(tiny_model, monkeypatch):
+    """Item 1 is played by its ground truth (one reply of calls, then "Done." to end each turn), item 0 by
+    "Done." only. Each round must continue the last one's batch, with only the tokens added since (tool results,
+    the next question) as the rows' deltas, each sequence being the last one + its reply + that delta."""
+    import evaluate
+    model, tok = tiny_model
+    truth = evaluate.bfcl_items(2)[1]["ground_truth"]
+    script = {0: ["Done."] * 4, 1: [r for turn in truth for r in (tool_call_reply(turn), "Done.")]}
+    seen, rounds = {}, []
+
+    def turn(model_, tok_, rows, sequences, prev, deltas, **gen):
+        assert (prev is None) == (not rounds)
+        for row, seq, delta in zip(rows, sequences, deltas):
+            if row in seen:
+                assert delta and seq == seen[row] + delta
+        replies = []
+        for row, seq in zip(rows, sequences):
+            text = script[row].pop(0)
+            ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            replies.append(models.Completion(list(seq), ids, text, True))
+            seen[row] = list(seq) + ids
+        rounds.append(sum(map(len, deltas)) / sum(map(len, sequences)))
+        return replies, object()
+
+    monkeypatch.setattr(models, "generate_turn", turn)
+    result = evaluate.bfcl_evaluate(model, tok, limit=2, max_new_tokens=64)
+    assert [it["valid"] for it in result["items"]] == [False, True] and result["score"] == 0.5
+    spaced = lambda calls: [c.replace(" ", "") for c in calls]   # noqa: E731 (ours write ", " between arguments)
+    assert [[spaced(step) for step in t] for t in result["items"][1]["calls"]] == [[spaced(t)] for t in truth]
+    assert len(rounds) == 8 and max(rounds[1:]) < 0.1   # a round after the first prefills < 10% of the tokens
+    assert script == {0: [], 1: []}
+
+
+def test_the_tokens_after_a_reply_are_the_templates_for_any_run_of_messages(tiny_model):
+    """models.messages_ids (BFCL: tool results, then the next question) against the whole conversation
+    rendered by the template, a finished and a cut reply."""
+    _, tok = tiny_model
+    done = tok('<tool_call>{"name": "ls", "arguments": {}}</tool_call>', add_special_tokens=False)["input_ids"]
+    done, cut = done + [tok.eos_token_id], tok("Let me look", add_special_tokens=False)["input_ids"]
+    after = [[{"role": "tool", "content": "a.txt b.txt"}, {"role": "tool", "content": "[no output]"}],
+             [{"role": "tool", "content": "MESSAGE0 \x01MESSAGE1\x01"}, {"role": "user", "content": "Now cd."}]]
+    ids, messages = models.chat_ids(tok, "List files."), [{"role": "user", "content": "List files."}]
+    for reply, following in zip((done, cut), after):
+        ids = ids + reply + models.messages_ids(tok, reply, following)
+        messages += [{"role": "assistant", "content": tok.decode([t for t in reply if t != tok.eos_token_id])},
+                     *following]
+    assert tok.decode(ids) == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
