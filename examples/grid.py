@@ -1,4 +1,4 @@
-"""Walk from A to G on a small grid with walls (#); moves are up, down, left, right."""
+"""Walk from A to G on a small grid with walls (#); moves are up, down, left, right, one or several a turn."""
 import random
 import re
 from collections import deque
@@ -32,7 +32,7 @@ class GridWalkEnv:
                     "#" if (r, c) in self.walls else "."
             rows.append(row)
         moves = ", ".join(f"\\boxed{{{m}}}" for m in MOVES)
-        return f"{message}\n" + "\n".join(rows) + f"\nMove with one of {moves}."
+        return f"{message}\n" + "\n".join(rows) + f"\nMove with one of {moves}, or several at once: \\boxed{{down right}}."
 
     def _path(self):
         queue, seen = deque([(self.pos, [])]), {self.pos}
@@ -50,17 +50,20 @@ class GridWalkEnv:
     def step(self, action):
         self.turn_count += 1
         truncated = self.turn_count >= self.max_turns
-        match = re.search(r"\\boxed\{\s*(\w+)\s*\}", action)
-        move = match.group(1).lower() if match else ""
-        if move not in MOVES:
+        match = re.search(r"\\boxed\{([\w ,]+)\}", action)
+        moves = re.findall(r"\w+", match.group(1).lower()) if match else []
+        if not moves or any(m not in MOVES for m in moves):
             return self._show("Unknown move."), 0.0, False, truncated, {}
-        r, c = self.pos[0] + MOVES[move][0], self.pos[1] + MOVES[move][1]
-        if not (0 <= r < self.size and 0 <= c < self.size) or (r, c) in self.walls:
-            return self._show("You bumped into a wall."), 0.0, False, truncated, {}
-        self.pos = (r, c)
-        if self.pos == self.goal:
-            return "You reached the goal!", 1.0, True, False, {}
+        for move in moves:   # several moves take one turn; a wall stops the rest
+            r, c = self.pos[0] + MOVES[move][0], self.pos[1] + MOVES[move][1]
+            if not (0 <= r < self.size and 0 <= c < self.size) or (r, c) in self.walls:
+                return self._show("You bumped into a wall."), 0.0, False, truncated, {}
+            self.pos = (r, c)
+            if self.pos == self.goal:
+                return "You reached the goal!", 1.0, True, False, {}
         return self._show(f"Turn {self.turn_count}/{self.max_turns}."), 0.0, False, truncated, {}
 
     def solution(self):
-        return "\n".join(f"\\boxed{{{m}}}" for m in self._path())
+        path = self._path()
+        per_turn = -(-len(path) // self.max_turns)   # the whole path within max_turns turns
+        return "\n".join("\\boxed{" + " ".join(path[i:i + per_turn]) + "}" for i in range(0, len(path), per_turn))

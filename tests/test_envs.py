@@ -67,6 +67,16 @@ def test_validate_accepts_good_environment(name):
     assert list(verdict.checks) == list(envs.CHECKS) and all(verdict.checks.values())
 
 
+def test_every_example_is_winnable_under_the_tiny_presets_turn_cap():
+    """The demo backfills from examples/ at the tiny preset's cap (2 turns): none may be skipped there (grid.py
+    was, its path needing 8 single moves; it now takes several moves a turn)."""
+    import cli
+    import runs
+    turns = runs.Config(**cli.preset_overrides("tiny")).max_turns
+    valid, rejected = envs.load_folder(str(EXAMPLES), "--backfill", LIMITS, turns)
+    assert rejected == {} and [name for name, _ in valid] == [Path(n).stem for n in GOOD]
+
+
 @pytest.mark.parametrize("name, reason", sorted(BAD.items()))
 def test_validate_rejects_broken_environment_with_reason(name, reason):
     verdict = envs.validate(source(name), LIMITS)
