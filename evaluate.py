@@ -520,9 +520,9 @@ def _call_string(call: dict) -> str:
     return f"{call['name']}(" + ", ".join(f"{k}={v!r}" for k, v in call["arguments"].items()) + ")"
 
 
-def _bfcl_first_ids(tok, item: dict, native: bool) -> list[int]:
+def _bfcl_first_ids(tok, item: dict, native: bool, thinking: bool) -> list[int]:
     """The first prompt's ids: turn 0's message, with the tools in the template's own block when it has one."""
-    return models.chat_ids(tok, _bfcl_turn_message(item, 0, native)["content"], False,
+    return models.chat_ids(tok, _bfcl_turn_message(item, 0, native)["content"], thinking,
                            item["tools"] if native else None)
 
 
@@ -538,18 +538,20 @@ def _bfcl_turn_message(item: dict, turn: int, native: bool) -> dict:
 
 def bfcl_evaluate(model, tok, *, limit: int, max_new_tokens: int = 256, max_steps: int = 4,
                   limits: Limits = Limits(call_timeout=60.0, cpu_seconds=300), progress: bool = False,
-                  reuse_cache: bool = True) -> dict:
+                  reuse_cache: bool = True, thinking: bool = False) -> dict:
     """BFCL v4 multi-turn base, the first `limit` items: every item advances together (one greedy generate per
     round); a reply's tool calls run in the item's sandboxed BFCL program and their results come back as tool
     messages; a reply without a call ends the turn (so does the max_steps-th tool reply). BFCL's checker then
     scores the turns' calls. reuse_cache: the KV cache carries over from round to round (models.generate_turn,
     as in play), so a round prefills only the messages added since, not the whole ~5k-token conversation.
+    thinking: rendered with enable_thinking (off, as in the reasoning-gym eval; Qwen3's template thinks unless
+    told not to); calls are read after the last </think>.
     Returns {"score", "categories": {bfcl_multi_turn_base}, "called" (share of items with a call), "n",
     "eval_s", "items" (each with its calls and replies)}."""
     t0, program, native = time.time(), bfcl_program(), models.renders_tools(tok)
     items = bfcl_items(limit)
     procs = [EnvProcess(program, {}, limits) for _ in items]
-    state = [{"ids": _bfcl_first_ids(tok, it, native), "added": [], "turn": 0, "steps": 0, "decoded": [[]],
+    state = [{"ids": _bfcl_first_ids(tok, it, native, thinking), "added": [], "turn": 0, "steps": 0, "decoded": [[]],
               "replies": []} for it in items]
     batch, gen = None, dict(max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=0)
     try:
@@ -561,7 +563,7 @@ def bfcl_evaluate(model, tok, *, limit: int, max_new_tokens: int = 256, max_step
             else:
                 outs = models.generate(model, tok, ids, **gen)
             for i, out in zip(active, outs):
-                _bfcl_advance(items[i], state[i], procs[i], out, max_steps, native, tok)
+                _bfcl_advance(items[i], state[i], procs[i], out, max_steps, native, tok, thinking)
             if progress:
                 print(f"bfcl: round done, {len(active)} items active ({time.time() - t0:.0f}s)", file=sys.stderr)
         scores = [_bfcl_check(p, it, s["decoded"]) for p, it, s in zip(procs, items, state)]
@@ -577,7 +579,7 @@ def bfcl_evaluate(model, tok, *, limit: int, max_new_tokens: int = 256, max_step
 
 
 def _bfcl_advance(item: dict, st: dict, proc: EnvProcess, reply: models.Completion, max_steps: int, native: bool,
-                  tok) -> None:
+                  tok, thinking: bool) -> None:
     """One reply of an item: run its calls (results as tool messages) or end the turn; the reply's tokens and
     the messages' tokens that follow it join the item's ids (st["added"]: those messages' tokens)."""
     calls = [c for c in envs.parse_tool_calls(envs.after_thinking(reply.text)) if isinstance(c, dict)]
@@ -598,7 +600,7 @@ def _bfcl_advance(item: dict, st: dict, proc: EnvProcess, reply: models.Completi
         if st["turn"] < len(item["ground_truth"]):
             st["decoded"].append([])
             messages.append(_bfcl_turn_message(item, st["turn"], native))
-    st["added"] = models.messages_ids(tok, reply.completion_ids, messages) if messages else []
+    st["added"] = models.messages_ids(tok, reply.completion_ids, messages, thinking) if messages else []
     st["ids"] = st["ids"] + reply.completion_ids + st["added"]
 
 

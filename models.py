@@ -332,7 +332,7 @@ def chat_ids(tok, user_text: str, thinking: bool = False, tools: list[dict] | No
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-_PROBE_REPLY, _PROBE_OBS, _PROBE_TOOL = "\x01REPLY\x01", "\x01OBSERVATION\x01", "probe_tool_e7f3"
+_PROBE_REPLY, _PROBE_TOOL = "\x01REPLY\x01", "probe_tool_e7f3"
 _WARNED: set = set()
 
 
@@ -352,22 +352,38 @@ def renders_tools(tok) -> bool:
 
 def turn_frame(tok, thinking: bool = False, role: str = "user") -> tuple[str, str]:
     """(close, open): the template text after an assistant reply and before the next reply, around an observation
-    (role "user") or a tool result (role "tool"; a template that refuses the role frames it as "user").
-
-    Found by rendering a probe conversation with marker strings, so it holds for any template that inserts
-    message contents verbatim (ChatML/SmolLM2, Qwen, Llama 3, ...).
-    """
-    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_REPLY},
-            {"role": role, "content": _PROBE_OBS}]
-    try:
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
-    except Exception:   # jinja2's TemplateError: this template knows no such role
-        if role == "user":
-            raise
-        return turn_frame(tok, thinking)
-    after_reply = text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):]
-    close, open_ = after_reply.split(_PROBE_OBS)
+    (role "user") or a tool result (role "tool"; a template that refuses the role frames it as "user")."""
+    close, open_ = _after_reply(tok, [role], thinking)
     return close, open_
+
+
+def _after_reply(tok, roles: list[str], thinking: bool) -> list[str]:
+    """The template's text after an assistant reply when messages of these roles follow it, up to the next
+    reply's prompt, as the len(roles) + 1 pieces around their contents; a role the template refuses is "user".
+
+    Found by rendering a probe conversation with marker contents, so it holds for any template that inserts
+    message contents verbatim (ChatML/SmolLM2, Qwen, Llama 3, ...); one that does not is a ValueError.
+    """
+    markers = [f"\x01MESSAGE{k}\x01" for k in range(len(roles))]
+
+    def render(as_roles):
+        probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_REPLY}]
+        return tok.apply_chat_template(probe + [{"role": r, "content": m} for r, m in zip(as_roles, markers)],
+                                       tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
+    try:
+        text = render(roles)
+    except Exception:   # jinja2's TemplateError: this template knows no such role
+        if set(roles) <= {"user"}:
+            raise
+        text = render(["user"] * len(roles))
+    rest, pieces = text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):], []
+    for marker in markers:
+        if rest.count(marker) != 1:
+            raise ValueError(f"the chat template of {tok.name_or_path or 'this tokenizer'} does not insert message "
+                             "contents verbatim; the rollout engine needs one that does")
+        head, rest = rest.split(marker)
+        pieces.append(head)
+    return pieces + [rest]
 
 
 def observation_ids(tok, observation: str, reply_ids: list[int], frame: tuple[str, str] | None = None) -> list[int]:
@@ -389,22 +405,10 @@ def _after_stop(tok, reply_ids: list[int], text: str) -> str:
 
 def messages_ids(tok, reply_ids: list[int], messages: list[dict], thinking: bool = False) -> list[int]:
     """Token ids that follow a generated reply when several messages come after it (BFCL: the tool results, then
-    the next question), up to the next reply's prompt: observation_ids for any run of roles, found the same way
-    (the roles rendered with marker contents, the markers then replaced); a role the template refuses is "user"."""
-    markers = [f"\x01MESSAGE{k}\x01" for k in range(len(messages))]
-    def render(roles):
-        probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_REPLY}]
-        return tok.apply_chat_template(probe + [{"role": r, "content": m} for r, m in zip(roles, markers)],
-                                       tokenize=False, add_generation_prompt=True, enable_thinking=thinking)
-    try:
-        text = render([m["role"] for m in messages])
-    except Exception:   # jinja2's TemplateError: this template knows no such role
-        text = render(["user"] * len(messages))
-    rest, parts = text[text.index(_PROBE_REPLY) + len(_PROBE_REPLY):], []
-    for marker, message in zip(markers, messages):   # in one pass: a content may hold a marker's text
-        head, rest = rest.split(marker, 1)
-        parts += [head, message["content"]]
-    return tok(_after_stop(tok, reply_ids, "".join(parts) + rest), add_special_tokens=False)["input_ids"]
+    the next question), up to the next reply's prompt: observation_ids for any run of roles."""
+    pieces = _after_reply(tok, [m["role"] for m in messages], thinking)
+    text = pieces[0] + "".join(m["content"] + piece for m, piece in zip(messages, pieces[1:]))
+    return tok(_after_stop(tok, reply_ids, text), add_special_tokens=False)["input_ids"]
 
 
 @dataclass

@@ -121,7 +121,9 @@ PRESETS = {
     # SmolLM2-135M never wrote a valid program (0 of 60), so one attempt per slot shows the designer's half and
     # empty slots are backfilled from examples/ (no designer sample for those). It wins cups and doors about once
     # in 16-30 plays, so 16 plays per game make tied groups (no gradient) rare; brief agent instructions
-    # (departure 26); lr 1e-3, which moved its return from 0.03 to 0.19 in one step (docs/benchmarks.md)
+    # (departure 26); lr 1e-3, which moved its return from 0.03 to 0.19 in one step (docs/benchmarks.md).
+    # The backfill takes the folder's programs in name order: the demo's window plays cups, doors, guess and
+    # pair_sum; walk.py (a shortest path of 8 moves, not won by this model in 2 turns) comes in at later windows
     "tiny": dict(model="smollm2-135m", backfill=str(Path(__file__).resolve().parent / "examples"), doc_words=300,
                  envs_per_step=4, design_attempts=1, regen_interval=2, plays=16, hinted_plays=4, max_turns=2,
                  designer_max_new_tokens=384, hint_max_new_tokens=64, agent_max_new_tokens=96,

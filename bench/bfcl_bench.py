@@ -1,6 +1,7 @@
-"""BFCL v4 multi-turn with and without the KV cache carried across rounds: the same model, items and greedy
-decoding in one process, first re-reading every conversation each round (reuse_cache=False: the full ~5k-token
-prefill per round, as before), then prefilling only what each round added (reuse_cache=True).
+"""BFCL v4 multi-turn with and without the KV cache carried across rounds: the same model, items, greedy decoding
+and token sequences in one process, first re-reading every conversation each round (reuse_cache=False: the
+whole ~5k-token prefill every round, the cost of the code before the cache), then prefilling only what each
+round added (reuse_cache=True).
 Prints `name: value` lines, the last one `speedup: X` (seconds without / seconds with).
 
     python bench/bfcl_bench.py                      # SmolLM2-135M on CPU, 2 items, 192 new tokens (eval --preset tiny)

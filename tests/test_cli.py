@@ -88,7 +88,7 @@ def test_train_help_shows_each_presets_value():
 def test_play_actions_wraps_bare_actions_shows_observations_and_wins(tmp_path, capsys):
     actions = tmp_path / "moves.txt"
     actions.write_text("\n".join(["right", "down"] * 3) + "\n")
-    assert cli.main(["play", str(EXAMPLES / "grid.py"), "--actions", str(actions)]) in (0,)
+    assert cli.main(["play", str(EXAMPLES / "walk.py"), "--actions", str(actions)]) in (0,)
     out = capsys.readouterr().out
     assert "[turn 1] \\boxed{right}" in out and "Reach G from A." in out
     assert json.loads(out.strip().splitlines()[-1])["failure"] is None
@@ -125,7 +125,7 @@ def test_validate_marks_the_failed_check_and_the_ones_never_reached(tmp_path, ca
     assert lines["instantiates"] == "ok" and lines["reset_42"] == "FAIL" and lines["deterministic"] == "-"
 
 
-@pytest.mark.parametrize("argv", [["validate", str(EXAMPLES / "grid.py")], ["plan", "--preset", "4b"]],
+@pytest.mark.parametrize("argv", [["validate", str(EXAMPLES / "walk.py")], ["plan", "--preset", "4b"]],
                          ids=["validate", "plan"])
 def test_output_piped_into_a_reader_that_stopped_ends_quietly_with_exit_141(argv):
     """`spade-mini ... | head -1`: the reader is gone before the output is written (its end closed first)."""
@@ -227,7 +227,7 @@ def play_typing(monkeypatch, lines: list[str]) -> list[str]:
             raise EOFError
         return line
     monkeypatch.setattr("builtins.input", fake_input)
-    assert cli.main(["play", str(EXAMPLES / "grid.py"), "--seed", "3"]) == 0
+    assert cli.main(["play", str(EXAMPLES / "walk.py"), "--seed", "3"]) == 0
     return prompts
 
 
@@ -241,7 +241,7 @@ def test_interactive_play_ctrl_d_ends_the_prompts_line(monkeypatch, capsys):
 
 
 def test_interactive_play_ends_with_the_outcome_as_json_like_actions(monkeypatch, capsys):
-    moves = (EXAMPLES / "grid_seed3_moves.txt").read_text().split()
+    moves = (EXAMPLES / "walk_seed3_moves.txt").read_text().split()
     play_typing(monkeypatch, moves)
     outcome = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert outcome == {"return": 1.0, "turns": len(moves), "terminated": True, "failure": None}

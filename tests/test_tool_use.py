@@ -1,6 +1,7 @@
 """The tool-use setting (docs/tool_use.md): the contract and its validation in the sandbox, the injected ToolUseBaseEnv,
 tool-call parsing, a scripted agent through the rollout engine, BFCL scoring, and one self-play step."""
 import ast
+import copy
 import importlib.util
 import json
 import os
@@ -295,6 +296,28 @@ def test_the_tokens_after_a_reply_are_the_templates_for_any_run_of_messages(tiny
         messages += [{"role": "assistant", "content": tok.decode([t for t in reply if t != tok.eos_token_id])},
                      *following]
     assert tok.decode(ids) == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_template_that_hides_a_messages_content_is_a_clear_error_not_a_wrong_prompt(tiny_model):
+    _, tok = tiny_model
+    other = copy.deepcopy(tok)
+    other.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                           "{{ '[hidden]' if m['role'] == 'tool' else m['content'] }}<|im_end|>\n{% endfor %}"
+                           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(ValueError, match="does not insert message contents verbatim"):
+        models.messages_ids(other, [], [{"role": "tool", "content": "a.txt"}])
+    assert other.decode(models.messages_ids(other, [], [{"role": "user", "content": "cd"}])) == \
+        "<|im_end|>\n<|im_start|>user\ncd<|im_end|>\n<|im_start|>assistant\n"
+
+
+@needs_bfcl
+def test_bfcl_with_and_without_the_cache_replies_the_same(tiny_model):
+    import evaluate
+    model, tok = tiny_model
+    reused, fresh = (evaluate.bfcl_evaluate(model, tok, limit=2, max_new_tokens=8, reuse_cache=reuse)
+                     for reuse in (True, False))
+    assert [it["replies"] for it in reused["items"]] == [it["replies"] for it in fresh["items"]]
+    assert [len(it["replies"]) for it in reused["items"]] == [4, 4]   # a random model calls no tool: a reply a turn
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ class GridWalkEnv:
     def step(self, action):
         self.turn_count += 1
         truncated = self.turn_count >= self.max_turns
-        match = re.search(r"\\boxed\{([\w ,]+)\}", action)
+        match = re.search(r"\\boxed\{([\w\s,]+)\}", action)
         moves = re.findall(r"\w+", match.group(1).lower()) if match else []
         if not moves or any(m not in MOVES for m in moves):
             return self._show("Unknown move."), 0.0, False, truncated, {}
@@ -65,5 +65,5 @@ class GridWalkEnv:
 
     def solution(self):
         path = self._path()
-        per_turn = -(-len(path) // self.max_turns)   # the whole path within max_turns turns
+        per_turn = -(-len(path) // max(1, self.max_turns))   # the whole path within max_turns turns
         return "\n".join("\\boxed{" + " ".join(path[i:i + per_turn]) + "}" for i in range(0, len(path), per_turn))
