@@ -240,8 +240,8 @@ def _tool_trace(env: EnvProcess, checks: dict[str, bool]) -> list:
 def parse_tools(raw) -> dict:
     """The tools of an environment as they come back from the sandbox, checked every time they are read (they may
     differ per seed): each a name that is an identifier -> {"description": str, "parameters": a JSON Schema of
-    type object} made only of the keywords a tool needs, at most TOOL_SCHEMA_BYTES in all (isolation.tools_problem:
-    no $ref, combinator, pattern or format; bounded, never raises). ContractError otherwise.
+    type object} made only of the keywords a tool needs, at most TOOL_SCHEMA_BYTES in all, as listed to the agent
+    (isolation.tools_problem: no $ref, combinator, pattern or format; bounded, never raises). ContractError otherwise.
 
     >>> parse_tools({"get": {"description": "d", "parameters": {"type": "object", "properties": {}}}})["get"]["description"]
     'd'
@@ -249,6 +249,10 @@ def parse_tools(raw) -> dict:
     problem = isolation.tools_problem(raw, TOOL_SCHEMA_BYTES)
     if problem:
         raise ContractError(problem)
+    listed = len(json.dumps(tool_schemas(raw)))   # as the prompt shows them: each in its function wrapper
+    if listed > TOOL_SCHEMA_BYTES:
+        raise ContractError(f"tools of {listed} bytes as listed to the agent > the {TOOL_SCHEMA_BYTES} the memory "
+                            "plan allows")
     return raw
 
 
@@ -602,7 +606,8 @@ def agent_tool_message(obs: str, hint: str | None, tools: dict | None) -> str:
         obs = _fill("agent_hint.txt", obs=obs, hint=hint)
     if tools is None:
         return obs
-    return _fill("agent_tools.txt", obs=obs, tools=_fill("tools_fallback.txt", tools=json.dumps(tool_schemas(tools), indent=1)))
+    # note: compact JSON, as parse_tools measured it (indented, a deep schema grew 40x past its cap)
+    return _fill("agent_tools.txt", obs=obs, tools=_fill("tools_fallback.txt", tools=json.dumps(tool_schemas(tools))))
 
 
 def goes_to_step(reply: str, calls: list) -> bool:

@@ -38,7 +38,9 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
     read-only), more than 256 files or folders written, links, chmod/chown, chdir; signals (_signal too), locks;
     setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
     (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
-    patch and no Python object refers to it (see _child_hook).
+    patch and no Python object refers to it (see _child_hook); memory access through the ctypes types loaded
+    for the filter can still empty the interpreter's hook list (docs/sandbox.md, "Not covered"). No compiled-in
+    module can be created after start-up (_child_builtins_closed).
  8. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
     reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe is a
     'protocol' failure. Every reply is decoded as hostile data (size, depth, valid text; every exception
@@ -207,7 +209,9 @@ def _seccomp_program() -> tuple:
                 pass
         rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
         for command in _LOCK_COMMANDS:   # file locks and leases: a channel between children over shared files
-            rules.add_rule(sc.ERRNO(errno.EPERM), "fcntl", sc.Arg(1, sc.EQ, command))
+            # subtle: the kernel reads fcntl's cmd as a 32-bit int, so only its low 32 bits are compared (an EQ
+            # on all 64 let `cmd | 1 << 32` through as the plain command)
+            rules.add_rule(sc.ERRNO(errno.EPERM), "fcntl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, command))
         rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         with tempfile.TemporaryFile() as out:
             rules.export_bpf(out)
@@ -534,7 +538,9 @@ def _keyword_ok(key: str, value) -> bool:
         return kind is str
     if key in _SCHEMA_NUMBERS:
         return kind in (int, float)
-    return key == "default" or (kind is int and value >= 0)   # the counts (minLength, ...)
+    if key == "default":   # a scalar: a nested one would be bytes of the listing no depth check walks
+        return kind in (str, int, float, bool, type(None))
+    return kind is int and value >= 0   # the counts (minLength, ...)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -576,6 +582,7 @@ def _child_main(cfg: dict) -> None:
     _thread.start_new_thread(_child_watchdog, (req_fd, select, os))
     sys.path[:] = [p for p in sys.path if p]   # no '' (the working directory) on the import path
     import random  # noqa: F401  (nearly every environment imports it: load its .pyc while marshal is allowed)
+    _child_builtins_closed(sys)
     # note: passed straight in, so no frame of this function holds the hook (see _child_hook)
     sys.addaudithook(_child_hook(os.getcwd(), sys.path, cfg["hidden"], crash_fd, os))
     # subtle: marshal.loads is refused (crafted code objects can corrupt memory), so stdlib modules imported
@@ -607,6 +614,20 @@ def _child_signals(crash_fd: int) -> None:
     faulthandler.register(_signal.SIGXCPU, file=crash_fd)
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)   # a too-large write raises OSError instead of killing
     del sys.modules["_signal"]
+
+
+def _child_builtins_closed(sys) -> None:
+    """Load every compiled-in module env code may import, then remove the function that creates one.
+
+    subtle: importlib (importlib.import_module, a loader called by hand) creates a compiled-in module through
+    _imp.create_builtin, which raises no audit event, so the hook's import check never saw `_signal` come back
+    that way. Allowed ones are loaded here (well under 1 ms); from now on none can be created by any route."""
+    import _imp
+    denied = _child_rules()[1]
+    for name in sys.builtin_module_names:
+        if name not in sys.modules and name not in denied:
+            __import__(name)
+    del _imp.create_builtin
 
 
 def _child_seccomp(program: bytes) -> None:
@@ -1093,9 +1114,10 @@ def _child_plain(value, budget: list, depth: int):
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
-_CHILD_FUNCTIONS = (_child_main, _child_mount_home, _child_signals, _child_seccomp, _child_watchdog, _child_rules,
-                    _child_hook, _child_realpath, _child_serve, _child_read, _child_fail, _child_run, _child_prelude,
-                    _child_game_class, _child_load, _child_call, _child_tool, _child_tool_base, _child_plain)
+_CHILD_FUNCTIONS = (_child_main, _child_mount_home, _child_signals, _child_builtins_closed, _child_seccomp,
+                    _child_watchdog, _child_rules, _child_hook, _child_realpath, _child_serve, _child_read, _child_fail,
+                    _child_run, _child_prelude, _child_game_class, _child_load, _child_call, _child_tool,
+                    _child_tool_base, _child_plain)
 _CHILD_SOURCE = "\n".join(inspect.getsource(f) for f in _CHILD_FUNCTIONS) + \
     "\nimport json, sys\n_child_main(json.loads(sys.argv[1]))\n"
 

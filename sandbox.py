@@ -15,9 +15,10 @@ Out of process at all is departure 8 of docs/details.md; the loader's rules (13)
 skipped), and tests/test_hostile.py attacks each of them, including with the audit hook switched off.
 
 NOT covered:
- * CPython memory-safety bugs reachable from pure Python get past the hook; such code then meets layers 1-6
-   only. Where isolation_report() shows a kernel layer missing, those are weaker: without bwrap the host's files
-   are readable (not writable); without the filter, processes and sockets are stopped only by the namespaces.
+ * CPython memory-safety bugs reachable from pure Python, and memory access through the ctypes types the child
+   loads to install the filter (object.__subclasses__ reaches them), get past the hook and can switch it off;
+   such code then meets layers 1-6 only. Where isolation_report() shows a kernel layer missing, those are weaker:
+   without bwrap the host's files are readable (not writable); without the filter, only the namespaces hold.
  * The kernel's own bugs in the syscalls the filter allows; CPU and cache side channels; memory pressure up to
    RLIMIT_AS times the number of live children (the threads of one child share its RLIMIT_AS).
  * Env code can swap the child's reply encoder and instrument its own interpreter: it can forge only the reply
@@ -107,7 +108,7 @@ class EnvProcess:
             loaded = self.receive()
             # the child's word is clamped to what was asked: a turn cap in 1..max_turns (None without one)
             if not (isinstance(loaded, list) and len(loaded) == 2 and isinstance(loaded[0], str)
-                    and len(loaded[0]) <= 200 and (loaded[1] is None if max_turns is None else
+                    and loaded[0].isidentifier() and len(loaded[0]) <= 200 and (loaded[1] is None if max_turns is None else
                                                    type(loaded[1]) is int and 0 < loaded[1] <= max_turns)):
                 self._died_of = "bad_reply"
                 raise SandboxError("bad_reply", f"load reply {str(loaded)[:100]!r} is not [class name, max_turns]")

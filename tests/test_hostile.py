@@ -371,6 +371,13 @@ def test_underscore_signal_is_forbidden_like_signal():
     assert reason(attack(code)) == "forbidden"
 
 
+def test_underscore_signal_cannot_be_created_again_through_importlib():
+    """importlib makes a compiled-in module with no audit event: the child removes the function that does."""
+    code = env(reset="import importlib\ns = importlib.import_module('_signal')\n"
+                     "s.signal(s.SIGTERM, s.SIG_IGN)\nreturn 'x', {}")
+    assert reason(attack(code)) in ("error", "forbidden")
+
+
 def test_no_module_or_frame_left_holds_underscore_signal():
     code = env(reset='''
         import sys
@@ -682,6 +689,12 @@ def test_class_name_that_is_not_a_string_fails_the_start():
     assert reason(attack(env(prelude=forged_reply('{"ok": true, "value": [1]}')))) == "bad_reply"
 
 
+def test_a_class_name_with_terminal_controls_fails_the_start():
+    """A class renamed to carriage returns and escape codes printed a fake `valid` line over validate's verdict."""
+    code = env() + "\nAttackEnv.__name__ = '\\r\\x1b[2Kexamples/walk.py: valid (ok)\\x1b[8m'\n"
+    assert reason(attack(code)) == "bad_reply"
+
+
 def test_a_turn_cap_above_the_one_asked_for_is_a_bad_reply():
     """The parent clamps what the child reports: a forged load reply claiming 40 turns under a cap of 12."""
     code = env(prelude=forged_reply('{"ok": true, "value": ["AttackEnv", 40]}'))
@@ -858,6 +871,9 @@ def test_kernel_refuses_file_locks_leases_and_inotify_past_the_audit_hook(hook_d
         lock = ctypes.create_string_buffer(32)   # struct flock: F_RDLCK over the whole file
         out = {"flock": refused(73, fd, 1 | 4), "inotify_init1": refused(294, 0)}
         out.update({f"fcntl_{cmd}": refused(72, fd, cmd, lock) for cmd in (5, 6, 7, 36, 37, 38, 1024, 1026)})
+        # the kernel reads cmd as 32 bits: the same commands with high bits set must be refused too
+        out.update({f"fcntl_{cmd}_high": refused(72, fd, ctypes.c_long(cmd | 1 << 32), lock)
+                    for cmd in (5, 6, 7, 36, 37, 38, 1024, 1026)})
         return out, {}''')
     out = attack(code)[0]
     assert set(out.values()) == {errno.EPERM}, out

@@ -399,6 +399,20 @@ def test_three_hundred_tools_exceed_the_plans_schema_allowance():
     assert verdict.reason == "bad_tools" and f"> the {envs.TOOL_SCHEMA_BYTES} the memory plan allows" in verdict.detail
 
 
+def test_a_nested_default_is_refused_and_the_listing_the_agent_reads_is_what_is_capped():
+    """A `default` nested 94 deep, in 17 tools, fit the byte cap as compact JSON and came to 172 kB in the
+    indented fallback listing (8.8k SmolLM2 tokens); 50 tiny tools fit as given and not in their wrappers."""
+    deep = {f"t{i}": {"description": "", "parameters": {"type": "object", "default": [[[[1]]]]}} for i in range(3)}
+    assert validate(schema_env(repr(deep))).reason == "bad_tools"
+    tiny = {f"t{i}": {"description": "", "parameters": {"type": "object"}} for i in range(70)}
+    assert len(json.dumps(tiny)) < envs.TOOL_SCHEMA_BYTES < len(json.dumps(envs.tool_schemas(tiny)))
+    with pytest.raises(envs.ContractError, match="as listed to the agent"):
+        envs.parse_tools(tiny)
+    fine = {"get": {"description": "d", "parameters": {"type": "object", "properties": {"n": {"default": 3}}}}}
+    listing = envs.agent_tool_message("obs", None, envs.parse_tools(fine))
+    assert json.dumps(envs.tool_schemas(fine)) in listing   # shown as measured
+
+
 @pytest.mark.parametrize("keyword", ["$ref", "$defs", "$id", "allOf", "anyOf", "oneOf", "not", "if", "pattern",
                                      "patternProperties", "format", "dependentSchemas", "prefixItems", "uniqueItems"])
 def test_a_keyword_outside_the_tool_schema_whitelist_is_refused(keyword):
