@@ -35,7 +35,7 @@ COMMANDS = {
     "validate": "check an environment program in the sandbox",
     "play": "play an environment in the terminal, or replay actions from a file",
     "score": "rewards and advantages of one window of outcomes (conformance check)",
-    "eval": "held-out evaluation: reasoning-gym and an environment pool",
+    "eval": "held-out evaluation: reasoning-gym or BFCL v4 multi-turn, and an environment pool",
     "report": "write RUN_DIR/report/index.html: plots and environments",
     "plan": "the GPU memory of each phase of a run, whether it fits the card, and the geometry chosen",
 }
@@ -498,8 +498,7 @@ def read_json(path: Path, what: str, keys: tuple = ()) -> dict:
 
 def eval_source(args: argparse.Namespace) -> tuple[str, Path | None, dict]:
     """(model name, adapter dir or None, models.load_model keyword arguments) from --preset/--model/--adapter/
-    --run; also fills in the default --max-new-tokens from the preset."""
-    import evaluate
+    --run; also fills in the default --max-new-tokens from the preset. Every input is checked before torch loads."""
     cfg = runs.Config(**preset_overrides(args.preset))
     name, lora, adapter = args.model or cfg.model, {"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha}, None
     if args.run:
@@ -517,6 +516,8 @@ def eval_source(args: argparse.Namespace) -> tuple[str, Path | None, dict]:
         lora = {k: saved_lora[k] for k in lora}
     kwargs = dict(lora_r=lora["r"], lora_alpha=lora["lora_alpha"], lora_dropout=0.0, quantize=args.quantize,
                   gradient_checkpointing=False, cache_dir=args.cache_dir, seed=args.seed)
+    check_model(name)
+    import evaluate   # torch: after every check above
     if not args.max_new_tokens:  # the preset knows how long its model's answers run (tiny: 128)
         args.max_new_tokens = evaluate.answer_tokens(cfg.agent_max_new_tokens)
     return name, adapter, kwargs
@@ -529,7 +530,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1 (got {args.limit})")
     name, adapter, kwargs = eval_source(args)
-    check_model(name)
     import evaluate
     import models
     try:
@@ -976,9 +976,17 @@ def positive(kind):
     return parse
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: a bad flag or value is named with where the help is, not after the
+    usage (train's lists some 60 flags)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     """Every subcommand, with the arguments of `command` only (train's are generated from runs.Config)."""
-    parser = argparse.ArgumentParser(prog="spade-mini", description=__doc__.split("\n")[0])
+    parser = Parser(prog="spade-mini", description=__doc__.split("\n")[0])
     try:
         parser.add_argument("--version", action="version", version=f"spade-mini {version('spade-mini')}")
     except PackageNotFoundError:   # run from a checkout that was never installed

@@ -532,7 +532,7 @@ def start(cfg: Config) -> tuple[State, int]:
                backfill, {})
     if first_step > 0:
         load_checkpoint(st, run.latest_checkpoint())
-        print(f"resumed {run.root} at step {first_step}", flush=True)
+    print(f"resumed {run.root} at step {first_step}" if first_step else f"run directory: {run.root}", flush=True)
     return same_state_as_main(st, first_step)
 
 

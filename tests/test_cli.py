@@ -156,7 +156,18 @@ def test_an_unknown_train_flag_prints_the_train_usage(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["train", "--stepz", "3"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "usage: spade-mini train" in err and "--stepz 3" in err
+    assert exit_.value.code == 2 and err.startswith("spade-mini train: error: ") and "--stepz 3" in err
+    assert err.count("\n") == 1 and err.strip().endswith("(see spade-mini train --help)")
+
+
+@pytest.mark.parametrize("argv", [["plan", "--preset", "4b", "--gpu-gb", "abc"], ["train", "--steps", "abc"],
+                                  ["play", "examples/walk.py", "--seed", "abc"]])
+def test_a_value_of_the_wrong_type_is_one_line_not_the_usage(argv, capsys):
+    """argparse printed the whole usage (43 lines for plan) before its error."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "invalid" in err and "abc" in err, err
 
 
 def test_score_of_a_missing_file_says_no_such_file(tmp_path, capsys):
@@ -278,3 +289,13 @@ def test_importing_models_silences_bitsandbytes_missing_cpu_kernel_warning():
     import logging
     import models  # noqa: F401
     assert not logging.getLogger("bitsandbytes.backends.cpu.ops").isEnabledFor(logging.WARNING)
+
+
+@pytest.mark.parametrize("flags", [["--run", "nope"], ["--adapter", "nope"], ["--model", "/nope"]])
+def test_eval_rejects_a_bad_source_before_torch_is_imported(flags):
+    """eval took 14-16 s (torch, reasoning-gym) to say that a run or adapter folder did not exist."""
+    script = f"import cli, sys; rc = cli.main(['eval', *{flags!r}]); print(rc, 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "spade-mini: error: " in done.stderr

@@ -150,9 +150,11 @@ def test_an_nf4_self_play_step_runs_on_the_cpu_and_its_header_says_quantized(tmp
     assert (out / "checkpoints" / "step_00000" / "adapter_model.safetensors").exists()
 
 
-def test_resume_continues_at_the_next_step_without_duplicates(tmp_path, pool):
+def test_resume_continues_at_the_next_step_without_duplicates(tmp_path, pool, capsys):
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    printed = capsys.readouterr().out.splitlines()   # where the files go, before the first step (a Ctrl-C needs it)
+    assert printed.index(f"run directory: {out}") < min(i for i, line in enumerate(printed) if line.startswith("step"))
     assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 0
     assert [r["step"] for r in records(out) if "step" in r] == [0, 1, 2]
     assert sum("config" in r for r in records(out)) == 1
