@@ -62,7 +62,7 @@ class Config:
     plays: int = 4                      # P unhinted plays per environment (trained)
     hinted_plays: int = 4               # H hinted plays per environment (never trained)
     max_turns: int = 4                  # turns per episode (environments default to 12; the runner caps)
-    agent_prompt: str = "agent.txt"     # the agent's first message, a prompts/ file (tiny: agent_brief.txt)
+    agent_prompt: str = "agent.txt"     # the agent's first message, a prompts/ file
     tool_rounds: int = 8                # tool_use: replies per episode that only call tools (they take no turn)
     # generation
     designer_max_new_tokens: int = 512  # tokens for one environment program
