@@ -108,8 +108,8 @@ class EnvProcess:
             loaded = self.receive()
             # the child's word is clamped to what was asked: a turn cap in 1..max_turns (None without one)
             if not (isinstance(loaded, list) and len(loaded) == 2 and isinstance(loaded[0], str)
-                    and loaded[0].isidentifier() and len(loaded[0]) <= 200 and (loaded[1] is None if max_turns is None else
-                                                   type(loaded[1]) is int and 0 < loaded[1] <= max_turns)):
+                    and loaded[0].isidentifier() and len(loaded[0]) <= 200
+                    and (loaded[1] is None if max_turns is None else type(loaded[1]) is int and 0 < loaded[1] <= max_turns)):
                 self._died_of = "bad_reply"
                 raise SandboxError("bad_reply", f"load reply {str(loaded)[:100]!r} is not [class name, max_turns]")
             self.class_name, self.max_turns = loaded
