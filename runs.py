@@ -542,13 +542,18 @@ def ticking(bar, name: str, tokens_sampled, every: float = 2.0):
 
 
 def print_step(record: dict) -> None:
+    """One line a step; the designer's rejection reasons, and why nothing was trained when nothing was."""
     def f(key, fmt="{:.2f}"):
         value = record.get(key)
         return "-" if value is None else fmt.format(value)
-    print(f"step {record['step']:>4} | valid {f('designer/valid_rate')} of {record['designer/attempts']} "
+    reasons = record.get("designer/rejections") or {}
+    rejected = f" ({', '.join(f'{n} {why}' for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))})" \
+        if reasons else ""
+    grad = f"grad {f('loss/grad_norm', '{:.3f}')}" if record.get("loss/grad_norm") is not None else \
+        "no update (no samples: returns tied in every group)"
+    print(f"step {record['step']:>4} | valid {f('designer/valid_rate')} of {record['designer/attempts']}{rejected} "
           f"| envs {record['env/count']} | R_nohint {f('agent/return_nohint')} R_hint {f('agent/return_hint')} "
-          f"regret {f('env/regret', '{:+.2f}')} | grad {f('loss/grad_norm', '{:.3f}')} "
-          f"| {record['perf/step_s']:.0f}s", flush=True)
+          f"regret {f('env/regret', '{:+.2f}')} | {grad} | {record['perf/step_s']:.0f}s", flush=True)
 
 
 SUMMARY = (("valid", "designer/valid_rate", 6, 2), ("envs", "env/count", 4, 0),   # (column, metric, width, digits)

@@ -271,3 +271,17 @@ def test_eval_every_logs_held_out_scores_for_the_base_and_each_step(tmp_path, po
         # the pool's one environment, played --plays 3 times: a win rate of k / 3
         assert r["eval/pool_win_rate"] * 3 == pytest.approx(round(r["eval/pool_win_rate"] * 3))
         assert 0.0 <= r["eval/pool_win_rate"] <= 1.0
+
+
+def test_the_step_line_names_the_rejections_and_a_step_that_trained_nothing(capsys):
+    """The terminal showed `valid 0.00 of 4` (the reasons only in the report) and `grad -` for a step that
+    trained nothing, which a new user could not read."""
+    base = {"env/count": 4, "agent/return_nohint": 0.0, "agent/return_hint": None, "env/regret": None,
+            "perf/step_s": 181.0}
+    runs.print_step({**base, "step": 0, "designer/valid_rate": 0.0, "designer/attempts": 4,
+                     "designer/rejections": {"no_code": 1, "syntax": 3}, "loss/grad_norm": 0.221})
+    runs.print_step({**base, "step": 1, "designer/valid_rate": None, "designer/attempts": 0,
+                     "designer/rejections": {}, "loss/grad_norm": None})
+    first, second = capsys.readouterr().out.splitlines()
+    assert "valid 0.00 of 4 (3 syntax, 1 no_code) |" in first and "| grad 0.221 |" in first
+    assert "valid - of 0 |" in second and "| no update (no samples: returns tied in every group) |" in second
