@@ -3,7 +3,8 @@
 A support module (a first read of the method may skip it). `train`'s flags are generated from runs.Config
 (`--group-size` <-> `cfg.group_size`, the field's trailing comment is its help). Bad input of any kind ends in
 one line `spade-mini: error: ...` and exit code 2, never a traceback; output piped into a reader that stops early
-(`| head`) ends the command quietly with exit code 141 (128 + SIGPIPE, as a shell tool killed by it reports).
+(`| head`) ends the command quietly: exit code 141 (128 + SIGPIPE, as a shell tool killed by it reports) when
+output was still to be written, else 0.
 
 subtle: the heavy modules are imported only by the commands that need them (the project's lazy imports, besides
 the optional sympy corpus and tensorboard in runs.py: torch for train and eval, matplotlib for report), so
@@ -1036,7 +1037,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
     args = vars(args)
-    if unknown:   # the subcommand's usage, not the top level's (argparse's default)
+    if unknown:   # named by the subcommand, not the top level (argparse's default)
         parser.commands.get(args.get("command"), parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.get("command") is None:   # bare `spade-mini`: what it can do (the demo is `spade-mini train`)
         parser.print_help()

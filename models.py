@@ -519,15 +519,14 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
         config.compile_config = CompileConfig(**{k: v for k, v in STATIC_COMPILE.items() if k != "all_devices"})
         config.compile_config._compile_all_devices = STATIC_COMPILE.get("all_devices")   # CPU tests trace too
         criteria.append(_DummyRowsDone(n_real, ids.shape[0], model.device))
-    criteria_and_count = dict(stopping_criteria=criteria, streamer=_CountTokens(n_real))
     devices = [model.device] if model.device.type == "cuda" else []
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache):
             torch.manual_seed(seed)  # subtle: HF samples from the global RNG; fork_rng keeps the caller's intact
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **criteria_and_count,
-                                 **({"cache": cache} if cache is not None else {}))
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=criteria,
+                                 streamer=_CountTokens(n_real), **({"cache": cache} if cache is not None else {}))
     finally:
         model.train(was_training)
     return out.sequences, out.cache  # (B, T + N)
@@ -688,8 +687,9 @@ def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep:
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
     for name, text in files.items():
         (tmp / name).write_text(text, encoding="utf-8")
+    mode = 0o666 & ~runs.current_umask()   # subtle: safetensors writes its file 0600
     for f in tmp.iterdir():            # the rename below must never publish half-written files
-        os.chmod(f, 0o666 & ~runs.current_umask())   # subtle: safetensors writes its file 0600
+        os.chmod(f, mode)
         with open(f, "rb+") as fh:
             os.fsync(fh.fileno())
     shutil.rmtree(folder, ignore_errors=True)

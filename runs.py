@@ -549,8 +549,8 @@ def print_step(record: dict) -> None:
     reasons = record.get("designer/rejections") or {}
     rejected = f" ({', '.join(f'{n} {why}' for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))})" \
         if reasons else ""
-    grad = f"grad {f('loss/grad_norm', '{:.3f}')}" if record.get("loss/grad_norm") is not None else \
-        "no update (no samples: returns tied in every group)"
+    grad = "no update (no samples: returns tied in every group)" if record.get("loss/grad_norm") is None else \
+        f"grad {record['loss/grad_norm']:.3f}"
     print(f"step {record['step']:>4} | valid {f('designer/valid_rate')} of {record['designer/attempts']}{rejected} "
           f"| envs {record['env/count']} | R_nohint {f('agent/return_nohint')} R_hint {f('agent/return_hint')} "
           f"regret {f('env/regret', '{:+.2f}')} | {grad} | {record['perf/step_s']:.0f}s", flush=True)
