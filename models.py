@@ -36,8 +36,10 @@ import torch
 import torch.distributed as dist
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, CompileConfig, GenerationConfig,
-                          GgufConfig, LlamaConfig, StaticCache, StoppingCriteriaList)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, CompileConfig, DynamicCache,
+                          GenerationConfig, GgufConfig, LlamaConfig, LogitsProcessor, LogitsProcessorList, StaticCache,
+                          StoppingCriteriaList)
+from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
 
 import runs
@@ -417,6 +419,7 @@ class Completion:
     completion_ids: list[int]  # generated ids, cut after the first stop token (which is kept)
     text: str                  # the completion decoded without special tokens
     finished: bool = False     # True when it ended with a stop token, False when max_new_tokens cut it
+    logprobs: list[float] | None = None  # the sampler's log-prob of each completion token (Sampler.logprobs)
 
 
 def stop_ids(model, tok) -> set[int]:
@@ -501,18 +504,169 @@ def _left_pad(rows: list[list[int]], pad_id: int, width: int, device) -> tuple[t
     return ids.to(device), mask.to(device)
 
 
+class Sampler(LogitsProcessor):
+    """Temperature, top-k, top-p, then one token drawn among the kept ones, returned as the only finite score so
+    that HF's greedy step (do_sample=False) takes it: the distribution HF's own warpers would sample from, drawn
+    over the k kept logits instead of the whole vocabulary (HF sorts all ~50-150k logits of every row for top-p,
+    then softmaxes and draws over all of them: 228 ms a step at 80 rows here, this 9 ms; bench/rollout_bench.py).
+    temperature 0: greedy (argmax).
+
+    It also records the sampling policy's log-prob of every drawn token, log softmax(logits / score_temperature)
+    over the full vocabulary (what the update's token_logprobs computes for the same token): the rollout side of
+    the rollout/trainer mismatch (spade_mini.mismatch).
+
+    subtle: HF's top-k keeps every logit tied with the k-th; this keeps exactly k (a tie at the boundary is the
+    only difference, measure zero for real logits). Top-p is HF's rule on the k kept: sorted ascending, a token
+    goes when the probability mass up to and including it is <= 1 - top_p; the most likely always stays.
+    """
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, score_temperature: float | None = None):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.score_temperature = score_temperature or (temperature if temperature > 0 else 1.0)
+        self.logprobs: list[torch.Tensor] = []   # one (B,) tensor per step
+
+    def kept(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits / T of the kept tokens, -inf for the dropped ones (B, k), their vocabulary ids (B, k))."""
+        logits = scores.float() / self.temperature  # (B, V)
+        k = self.top_k if 0 < self.top_k < logits.shape[-1] else logits.shape[-1]
+        top, ids = logits.topk(k, -1)  # (B, k), descending
+        if self.top_p < 1.0:
+            ascending = top.flip(-1)  # (B, k)
+            drop = ascending.softmax(-1).cumsum(-1) <= 1 - self.top_p  # (B, k)
+            drop[:, -1] = False   # the most likely token always stays
+            top = top.masked_fill(drop.flip(-1), float("-inf"))
+        return top, ids
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.temperature > 0:
+            top, ids = self.kept(scores)  # (B, k)
+            token = ids.gather(1, torch.multinomial(top.softmax(-1), 1))  # (B, 1)
+        else:
+            token = scores.argmax(-1, keepdim=True)  # (B, 1)
+        logp = (scores.float() / self.score_temperature).log_softmax(-1)  # (B, V)
+        self.logprobs.append(logp.gather(1, token).squeeze(1))
+        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)  # (B, V): HF's argmax takes token
+
+    def steps(self) -> torch.Tensor:
+        """(B, N) recorded log-probs, one column per generated token."""
+        return torch.stack(self.logprobs, 1) if self.logprobs else torch.zeros(0, 0)
+
+
+class _GrowingLayer(DynamicLayer):
+    """A DynamicLayer that writes new keys and values into spare columns of a buffer (B, H, capacity, D) and
+    hands attention views of its filled part; the buffer doubles when full.
+
+    subtle: DynamicLayer concatenates, copying the whole cache at every decode step (80 rows, 200 columns of
+    SmolLM2: 0.7 GB a step); here a step writes only its own column, and a doubling copies O(1) amortised."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.buffers, self.filled = None, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.filled + key_states.shape[-2]
+        if self.buffers is None or end > self.buffers[0].shape[-2]:
+            b, h, _, d = key_states.shape
+            capacity = max(end, 2 * self.filled, 64)
+            grown = [x.new_empty(b, h, capacity, d) for x in (key_states, value_states)]  # (B, H, C, D) each
+            if self.buffers is not None:
+                for new, old in zip(grown, self.buffers):
+                    new[:, :, : self.filled] = old[:, :, : self.filled]
+            self.buffers = grown
+        self.buffers[0][:, :, self.filled: end] = key_states
+        self.buffers[1][:, :, self.filled: end] = value_states
+        self.filled = end
+        self.keys, self.values = (x[:, :, :end] for x in self.buffers)  # (B, H, T, D) views
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.get_seq_length() > 0:
+            self.buffers = [x[indices] for x in self.buffers]
+            self.keys, self.values = (x[:, :, : self.filled] for x in self.buffers)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        if self.is_initialized and self.buffers is not None:
+            self.filled = self.keys.shape[-2]
+
+    def reset(self) -> None:
+        self.buffers, self.filled = None, 0
+        super().reset()
+
+
+class GrowingCache(DynamicCache):
+    """HF's DynamicCache with _GrowingLayer layers: what generate_turn keeps across the turns of an episode."""
+
+    def __init__(self):
+        Cache.__init__(self, layer_class_to_replicate=_GrowingLayer)
+
+
+@contextlib.contextmanager
+def lora_merged(model):
+    """Generate from W + s * B @ A in one matmul per layer instead of W, A and B in three (+ a scale and an add):
+    the LoRA weights folded into a copy of each base weight for the call, the adapter switched off, the original
+    weights put back after (untouched, so nothing drifts). Only for unquantized fp32 weights: a 4-bit base cannot
+    take the sum without a lossy requantization, and bf16 rounds it. The same function with fewer kernel calls:
+    log-probs within 1e-5 of the unmerged model (tests/test_model.py)."""
+    layers = [m for m in model.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")
+              and isinstance(m.get_base_layer(), torch.nn.Linear) and m.get_base_layer().weight.dtype == torch.float32
+              and m.active_adapters and not getattr(m, "merged", False)]
+    if not layers or not hasattr(model, "disable_adapter"):
+        yield
+        return
+    saved = []
+    try:
+        with torch.no_grad():
+            for m in layers:
+                base = m.get_base_layer()
+                delta = sum(m.get_delta_weight(name) for name in m.active_adapters if name in m.lora_A)
+                saved.append((base, base.weight))
+                base.weight = torch.nn.Parameter(base.weight + delta, requires_grad=False)
+        with model.disable_adapter():
+            yield
+    finally:
+        for base, weight in saved:
+            base.weight = weight
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids as HF's generate derives them from a left-padded attention mask (pads at 0). (B, T)"""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+def _prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, object]:
+    """Prefill each distinct row once, then copy its cache to the rows that repeat it: -> (ids, mask, a cache of
+    all but the last column), for a generate that then starts at the last column. The first prompts of a game
+    whose first observation does not depend on the seed are all the same (the demo: 26 distinct of 80)."""
+    keys = [tuple(row) for row in torch.cat([ids, mask], 1).tolist()]
+    first = {key: i for i, key in reversed(list(enumerate(keys)))}
+    distinct = sorted(set(first.values()))
+    where = torch.tensor([distinct.index(first[key]) for key in keys], device=ids.device)  # (B,)
+    cache = GrowingCache()
+    u_ids, u_mask = ids[distinct, :-1], mask[distinct, :-1]  # (U, T-1)
+    model(input_ids=u_ids, attention_mask=u_mask, position_ids=_positions(u_mask), cache=cache, use_cache=True,
+          logits_to_keep=1)
+    cache.batch_select_indices(where)
+    return ids, mask, cache
+
+
 def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_real: int, max_new_tokens: int,
-                 temperature: float, top_p: float, top_k: int, seed: int, static_cache: bool):
-    """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given. -> (ids (B, T + N), cache)."""
-    sample = temperature > 0
-    # subtle: an unset (None) field is filled from the model's generation_config (Qwen3: top_k 20, T 0.7) and
-    # then HF's defaults (top_k 50), so sampling sets every knob; top_k 0 and top_p 1 mean off. Greedy sets HF's
-    # neutral values, so that it inherits no sampling knob (ignored anyway, but HF warns about each one).
-    knobs = dict(temperature=temperature, top_p=top_p, top_k=top_k) if sample else \
-        dict(temperature=1.0, top_p=1.0, top_k=50)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample, repetition_penalty=1.0,
-                              pad_token_id=tok.pad_token_id, eos_token_id=sorted(stop_ids(model, tok)),
-                              use_cache=True, return_dict_in_generate=True, **knobs)
+                 temperature: float, top_p: float, top_k: int, seed: int, static_cache: bool,
+                 score_temperature: float | None = None):
+    """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given (a new GrowingCache if not).
+    -> (ids (B, T + N), cache, the sampler's log-probs (B, N)).
+
+    The tokens are drawn by Sampler (a logits processor: temperature, top-k, top-p over the kept logits) and
+    HF decodes greedily on its output; unquantized fp32 LoRA weights are merged for the call (lora_merged);
+    the identical rows of a first prompt are prefilled once (_prefill_shared)."""
+    sampler = Sampler(temperature, top_k, top_p, score_temperature)
+    # note: HF's own warpers stay off (greedy, neutral knobs); an unset field would be filled from the model's
+    # generation_config (Qwen3: top_k 20, T 0.7) and HF would warn about each one
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=1.0,
+                              temperature=1.0, top_p=1.0, top_k=50, pad_token_id=tok.pad_token_id,
+                              eos_token_id=sorted(stop_ids(model, tok)), use_cache=True, return_dict_in_generate=True)
     criteria = StoppingCriteriaList()
     if static_cache:
         cache = _static_cache(model, ids.shape[0], runs.static_cache_length(ids.shape[1] + max_new_tokens))
@@ -523,13 +677,17 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
     was_training = model.training
     model.eval()
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache):
-            torch.manual_seed(seed)  # subtle: HF samples from the global RNG; fork_rng keeps the caller's intact
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache), \
+                contextlib.nullcontext() if static_cache else lora_merged(model):
+            torch.manual_seed(seed)  # subtle: the sampler draws from the global RNG; fork_rng keeps the caller's intact
+            if cache is None and not static_cache:
+                ids, mask, cache = _prefill_shared(model, ids, mask) if ids.shape[1] > 1 else (ids, mask, GrowingCache())
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=criteria,
-                                 streamer=_CountTokens(n_real), **({"cache": cache} if cache is not None else {}))
+                                 logits_processor=LogitsProcessorList([sampler]), streamer=_CountTokens(n_real),
+                                 cache=cache)
     finally:
         model.train(was_training)
-    return out.sequences, out.cache  # (B, T + N)
+    return out.sequences, out.cache, sampler.steps()  # (B, T + N), cache, (B, N)
 
 
 _SAMPLED = [0]   # tokens generate sampled in this process so far, real rows only (the phase progress bar)
@@ -572,10 +730,11 @@ def _quantizer_allows_compile(model, static_cache: bool):
             base.hf_quantizer = quantizer
 
 
-def _completion(tok, prompt: list[int], row: list[int], stops: set[int]) -> Completion:
+def _completion(tok, prompt: list[int], row: list[int], stops: set[int], logprobs: list[float]) -> Completion:
     cut = next((j + 1 for j, t in enumerate(row) if t in stops), None)
     kept = row[:cut] if cut else row
-    return Completion(list(prompt), kept, tok.decode(kept, skip_special_tokens=True), finished=cut is not None)
+    return Completion(list(prompt), kept, tok.decode(kept, skip_special_tokens=True), finished=cut is not None,
+                      logprobs=logprobs[: len(kept)])
 
 
 def generate(model, tok, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
@@ -592,10 +751,11 @@ def generate(model, tok, prompts: list[list[int]], *, max_new_tokens: int, tempe
         rows += [prompts[0]] * (runs.static_rows(len(prompts)) - len(prompts))
         width = runs.static_width(width)
     ids, mask = _left_pad(rows, tok.pad_token_id, width, model.device)  # (B, T), (B, T)
-    out, _ = _hf_generate(model, tok, ids, mask, cache=None, n_real=len(prompts), max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, static_cache=static_cache)
+    out, _, logp = _hf_generate(model, tok, ids, mask, cache=None, n_real=len(prompts), max_new_tokens=max_new_tokens,
+                                temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, static_cache=static_cache)
     stops = stop_ids(model, tok)
-    return [_completion(tok, p, row, stops) for p, row in zip(prompts, out[: len(prompts), width:].tolist())]
+    return [_completion(tok, p, row, stops, lp) for p, row, lp in
+            zip(prompts, out[: len(prompts), width:].tolist(), logp.tolist())]
 
 
 @dataclass
@@ -604,7 +764,7 @@ class TurnBatch:
     rows: list[int]        # episode index of each row
     ids: torch.Tensor      # (B, W) every column generate saw or produced, pads included
     mask: torch.Tensor     # (B, W) 1 on each episode's real tokens, 0 on pads and on tokens after a stop token
-    cache: object          # HF DynamicCache of all but the last column
+    cache: object          # GrowingCache of all but the last column
 
 
 def generate_turn(model, tok, rows: list[int], sequences: list[list[int]], prev: TurnBatch | None,
@@ -625,10 +785,10 @@ def generate_turn(model, tok, rows: list[int], sequences: list[list[int]], prev:
         seg, seg_mask = _left_pad(deltas, tok.pad_token_id, max(map(len, deltas)), model.device)  # (B, D)
         ids, mask = torch.cat([prev.ids[keep], seg], 1), torch.cat([prev.mask[keep], seg_mask], 1)  # (B, W + D)
         cache = prev.cache
-    out, cache = _hf_generate(model, tok, ids, mask, cache=cache, n_real=len(rows), static_cache=False, **gen)
+    out, cache, logp = _hf_generate(model, tok, ids, mask, cache=cache, n_real=len(rows), static_cache=False, **gen)
     stops = stop_ids(model, tok)
     new_ids = out[:, ids.shape[1]:].tolist()  # (B, N)
-    replies = [_completion(tok, seq, row, stops) for seq, row in zip(sequences, new_ids)]
+    replies = [_completion(tok, seq, row, stops, lp) for seq, row, lp in zip(sequences, new_ids, logp.tolist())]
     lengths = torch.tensor([len(r.completion_ids) for r in replies], device=model.device)  # (B,)
     grown = torch.arange(out.shape[1] - ids.shape[1], device=model.device)[None, :] < lengths[:, None]  # (B, N)
     return replies, TurnBatch(list(rows), out, torch.cat([mask, grown.long()], 1), cache)

@@ -464,7 +464,7 @@ def test_a_static_cache_is_sized_by_its_own_call_not_the_largest_before(tiny_mod
     lengths = []
     for n in (1500, 10):
         ids, mask = models._left_pad([[1000 + j for j in range(n)]], tok.pad_token_id, n, model.device)  # (1, n)
-        _, cache = models._hf_generate(model, tok, ids, mask, cache=None, n_real=1, max_new_tokens=4, temperature=0.0,
+        _, cache, _ = models._hf_generate(model, tok, ids, mask, cache=None, n_real=1, max_new_tokens=4, temperature=0.0,
                                        top_p=1.0, top_k=0, seed=0, static_cache=True)
         lengths.append(cache.layers[0].keys.shape[2])
     assert lengths == [2048, 1024]

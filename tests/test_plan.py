@@ -61,7 +61,7 @@ def test_the_planned_static_cache_is_the_static_cache_generate_builds(tiny_model
     for rows, prompt, new in [(3, 40, 4), (5, 300, 6)]:
         ids, mask = models._left_pad([[1000 + j for j in range(prompt)]] * runs.static_rows(rows), tok.pad_token_id,
                                      runs.static_width(prompt), model.device)
-        _, cache = models._hf_generate(model, tok, ids, mask, cache=None, n_real=rows, max_new_tokens=new,
+        _, cache, _ = models._hf_generate(model, tok, ids, mask, cache=None, n_real=rows, max_new_tokens=new,
                                        temperature=0.0, top_p=1.0, top_k=0, seed=0, static_cache=True)
         planned = runs._generate_phase(TINY, rows, prompt, new, static=True, dtype_bytes=4)
         assert cache_bytes(cache) == planned["kv"] and planned["rows"] == runs.static_rows(rows)
