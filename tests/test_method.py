@@ -204,6 +204,7 @@ def test_hung_environments_get_a_marked_memory_record_and_ids_are_unique_across_
     for start in (0, 1):
         design = train.Design(0, 0, "Optimization", "", [1], [2], "", NO_KEYWORD_ENV, verdict)
         played = [train.PlayedEnv(train.env_id(start, 0), "Optimization", NO_KEYWORD_ENV, design, hung=start == 1,
+                                  hung_step=0 if start == 1 else None,
                                   hinted=[1.0], unhinted=[[0.0, 1.0]], trained=[[True, True]])]
         run.env_dir(start).mkdir(parents=True)
         window = train.Window(start, 1, ["Optimization"], [design], played)
@@ -238,7 +239,7 @@ def test_thinking_is_rendered_off_by_default_and_parsed_after_the_last_think(tin
 
 def test_score_command_prints_the_hand_computed_window_scores(tmp_path, capsys):
     given = {"variant": "regret", "window": 1, "mu_slow": {"Optimization": 0.3},
-             "envs": [{"skill": "Optimization", "hung": False, "hinted": [1, 1, 0, 1],
+             "envs": [{"skill": "Optimization", "hung_step": None, "hinted": [1, 1, 0, 1],
                        "unhinted": [[0, 1, 0, 0]], "trained": [[True, True, True, False]]}]}
     path = tmp_path / "window.json"
     path.write_text(json.dumps(given))
@@ -320,7 +321,7 @@ def test_skills_rotate_per_window_so_every_skill_is_designed(tmp_path, monkeypat
 
 def test_score_command_uses_the_logged_hang_penalty(tmp_path, capsys):
     given = {"variant": "regret", "window": 1, "hang_penalty": -0.25,
-             "envs": [{"skill": "A", "hung": True, "unhinted": [[0, 1]]}]}
+             "envs": [{"skill": "A", "hung_step": 0, "unhinted": [[0, 1]]}]}
     (tmp_path / "w.json").write_text(json.dumps(given))
     assert cli.main(["score", str(tmp_path / "w.json")]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["envs"][0]["designer_reward"] == -0.25
@@ -400,3 +401,65 @@ def test_play_keeps_earlier_thinking_in_the_episode_where_qwen3s_template_drops_
         [{"role": "user", "content": "x"}, {"role": "assistant", "content": replies[0]}, {"role": "user", "content": "y"}],
         tokenize=False, add_generation_prompt=True, enable_thinking=True)
     assert "Maybe 3." not in rerendered
+
+
+def test_a_hung_play_and_those_dropped_with_it_leave_no_return_and_the_survivors_train(monkeypatch):
+    """Step 1 of a window, 3 plays: play 0 ended on its own (return 1), play 1 hit a step timeout, play 2 was
+    dropped with it (both -1). The official code drops such plays: the step's returns are [1.0], the hang is
+    at step 1 (no penalty: regret.score_window), and the survivor is the step's one trained play."""
+    outcomes = [(1.0, None), (-1.0, "timeout"), (-1.0, "dropped")]
+    monkeypatch.setattr(models, "shared", lambda fn, specs, what: [
+        sm.Episode(spec, [1, 2], [0, 1], episode_return=outcomes[spec.key[2]][0], failure=outcomes[spec.key[2]][1])
+        for spec in specs])
+    st = SimpleNamespace(cfg=runs.Config(plays=3, hinted_plays=0))
+    e = train.PlayedEnv("e", "A", NO_KEYWORD_ENV, None, unhinted=[[0.0, 1.0, 0.0]], trained=[[True] * 3])
+    train.play_all(st, 1, [e], hinted=False)
+    assert (e.unhinted[1], e.trained[1], e.hung, e.hung_step) == ([1.0], [True], True, 1)
+    assert [ep.episode_return for ep in train.unhinted_plays(e)] == [1.0]
+
+
+def test_the_memory_bands_an_environment_by_its_first_steps_win_rate(tmp_path):
+    """R = 2, unhinted [[0, 0, 0, 0], [1, 1, 1, 1]]: the first step won none, so the memory's win rate is 0 and
+    the record is a 'too hard' negative, never a positive; over the window (4 / 8 = 0.5) it was a positive."""
+    run = runs.Run(tmp_path)
+    st = SimpleNamespace(cfg=runs.Config(), run=run, memory=envs.Memory(tmp_path / "memory.json"), mu_slow={})
+    design = train.Design(0, 0, "Optimization", "", [1], [2], "", NO_KEYWORD_ENV, envs.Verdict(True, "ok", "PlainEnv"))
+    played = [train.PlayedEnv(train.env_id(0, 0), "Optimization", NO_KEYWORD_ENV, design, hinted=[1.0] * 4,
+                              unhinted=[[0.0] * 4, [1.0] * 4], trained=[[True] * 4] * 2)]
+    run.env_dir(0).mkdir(parents=True)
+    window = train.Window(0, 2, ["Optimization"], [design], played)
+    train.score(st, window)
+    train.remember(st, window)
+    (record,) = st.memory.records
+    assert record["win_rate"] == 0.0 and record["w"] == 0.5
+    assert st.memory.positives("Optimization", random.Random(0)) == []
+    assert st.memory.negative("Optimization", random.Random(0)) == record
+
+
+def designer_state(monkeypatch, code: str, temperature: float, seen: dict, memory=None):
+    """A SimpleNamespace State whose designer writes `code`; sampled_logprobs records its temperature."""
+    monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1])
+    monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
+        models.Completion(p, [3], "```python\n" + code + "\n```", True) for p in prompts])
+    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: seen.update(kw) or [
+        [0.0] * len(ids) for ids, _ in rows])
+    return SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, temperature=temperature),
+                           corpus=["a doc"], memory=memory or envs.Memory("/nonexistent/m.json"),
+                           tok=SimpleNamespace(pad_token_id=0), model=None)
+
+
+def test_a_designers_sampling_logprobs_are_taken_at_the_sampling_temperature(monkeypatch):
+    """The TIS denominator is the policy that sampled: at --temperature 0.6, not 1.0 (issue 28, item 9)."""
+    seen = {}
+    (attempt,) = train.design(designer_state(monkeypatch, NO_KEYWORD_ENV, 0.6, seen), 0, ["Optimization"])
+    assert attempt.verdict.valid and seen["temperature"] == 0.6
+
+
+def test_a_copy_of_a_memory_example_the_prompt_showed_is_rejected(monkeypatch, tmp_path):
+    """The copy check compares with the memory's examples too, not only the contract's example."""
+    memory = envs.Memory(tmp_path / "memory.json")
+    memory.add(dict(env_id="env_00000_00", file="f.py", skill="Optimization", code=NO_KEYWORD_ENV, step=0, hung=False,
+                    win_rate=0.5, regret=0.5, r_hint=1.0, r_nohint=0.5, w=0.5))
+    st = designer_state(monkeypatch, NO_KEYWORD_ENV, 0.6, {}, memory)
+    (attempt,) = train.design(st, 0, ["Optimization"])
+    assert (attempt.verdict.valid, attempt.verdict.reason) == (False, "copy")
