@@ -463,3 +463,48 @@ def test_a_copy_of_a_memory_example_the_prompt_showed_is_rejected(monkeypatch, t
     st = designer_state(monkeypatch, NO_KEYWORD_ENV, 0.6, {}, memory)
     (attempt,) = train.design(st, 0, ["Optimization"])
     assert (attempt.verdict.valid, attempt.verdict.reason) == (False, "copy")
+
+
+def test_the_kl_term_is_clamped_at_10_and_not_weighted_by_tis():
+    """A = 0 (no policy term), one token, TIS weight 2 (sampled at old - ln 3, truncated), beta = 0.1. log r = 1:
+    k3 = e - 1 - 1 = 0.71828, loss 0.1 * 0.71828 = 0.071828 (weighting it by TIS gave twice that). log r = 5:
+    k3 = e^5 - 6 = 142.41, clamped to 10 as slime's low_var_kl: 1.0."""
+    import math
+    import torch
+    logp, mask, adv = torch.tensor([[0.0, -1.0]]), torch.tensor([[0, 1]]), torch.tensor([0.0])
+    for log_r, loss in ((1.0, 0.1 * (math.e - 2)), (5.0, 1.0)):
+        per_sample, _ = sm.ppo_clip_loss(logp, logp, mask, adv, clip_low=0.2, clip_high=0.28, kl_beta=0.1,
+                                         ref_logp=logp + log_r, sampling_logp=logp - math.log(3.0))
+        assert float(per_sample[0]) == pytest.approx(loss, rel=1e-5)
+
+
+def test_pi_old_is_taken_with_dropout_off_so_a_fresh_designer_sample_has_tis_weight_1():
+    """--lora-dropout 0.3: a designer sample's sampling log-probs are taken in eval mode right after sampling; an
+    update with no step between must weigh it by exactly 1 (pi_old = pi_sampling). pi_old from the
+    train-mode forward (dropout on) made it noise: a mean ratio of 2,733 here (1.40 in the audit's run)."""
+    import torch
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.3, quantize="none",
+                                      gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    with torch.no_grad():   # LoRA B starts at 0, where dropout on the adapter's input changes nothing
+        for k, (name, p) in enumerate(model.named_parameters()):
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(k))
+    ids = torch.randint(0, len(tok), (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    mask = [0] * 20 + [1] * 20
+    sample = sm.Sample(ids, mask, 1.0, "designer")
+    sample.sampling_logprobs = sm.sampled_logprobs(model, [(ids, mask)], temperature=0.7, token_budget=4096,
+                                                   pad_id=0)[0]
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    out = sm.update(model, sgd, [sample], temperature=0.7, token_budget=4096, max_grad_norm=1e9)
+    assert out["is_ratio_mean"] == pytest.approx(1.0, abs=1e-5) and out["tis_frac"] == 0.0
+
+
+def test_the_update_scores_tokens_at_the_sampling_temperature(monkeypatch):
+    """Departure 28: pi_theta, pi_old and pi_sampling are all scored at --temperature, the policy that sampled
+    (the official trainer divides by --rollout-temperature 1.0 while sampling at 0.6)."""
+    seen = {}
+    monkeypatch.setattr(sm, "update", lambda model, optimizer, samples, **kw: seen.update(kw) or {"loss": 0.0})
+    st = SimpleNamespace(cfg=runs.Config(temperature=0.6), model=None, optimizer=None,
+                         tok=SimpleNamespace(pad_token_id=0))
+    train.optimize(st, 0, [sm.Sample([1, 2], [0, 1], 1.0, "agent")])
+    assert seen["temperature"] == 0.6
