@@ -506,9 +506,8 @@ def open_env(code: str, max_turns: int, limits: Limits = Limits()) -> EnvProcess
 
 
 def after_thinking(text: str) -> str:
-    """The part of a reply that counts: after the last </think> when there is one, else all of it (an unclosed
-    <think> too, as the official code reads it). Linear, as every parse of a reply or of an environment's value
-    here is: the sandbox's frame limit bounds the size (110,000 \\boxed{} in ~1 MB parse in well under 1 s).
+    """After the last </think> when there is one, else all of it (an unclosed <think> too, as the official code
+    reads it). Linear, as every parse here of a reply or an environment's value: the frame limit bounds the size.
 
     >>> after_thinking("<think>maybe 1</think> 2"), after_thinking("<think>cut off"), after_thinking("7")
     (' 2', '<think>cut off', '7')
@@ -545,8 +544,7 @@ def first_boxed(text: str) -> str | None:
 
 
 def boxed_spans(text: str) -> list[tuple[int, int]]:
-    r"""(start, end) of every complete \boxed{...} in order (a solution() sequence), nested braces inside one;
-    stops at an unclosed one.
+    r"""(start, end) of every complete \boxed{...} in order, nested braces inside; stops at an unclosed one.
 
     >>> [(s, e) for s, e in boxed_spans(r"\boxed{up} then \boxed{left}")]
     [(0, 10), (16, 28)]

@@ -423,8 +423,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     shares = [order[k::updates] for k in range(min(updates, len(samples)))] or [[]]   # no samples: a no-op step
     mine = [models.my_share(share) for share in shares]    # this rank's part of each step (all, in one process)
     wanted = sorted(i for part in mine for i in part)
-    # pi_old, with dropout off (eval mode, as the sampling log-probs are): with K = 1 and no dropout the
-    # train-mode forward is the same function, so the step reuses its own log-probs, detached (_accumulate)
+    # pi_old with dropout off, as pi_sampling; K = 1 without dropout reuses the step's own, detached (_accumulate)
     dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
     old = dict(zip(wanted, sampled_logprobs(model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted],
                                             temperature=temperature, token_budget=token_budget, pad_id=pad_id,

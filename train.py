@@ -257,15 +257,12 @@ def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
         e.hint = hint
 
 
-def survived(ep) -> bool:
-    """Whether a play ended on its own: not by a step timeout, nor dropped because another play of its
-    environment hung (spade_mini._drop_hung)."""
-    return ep.failure not in ("timeout", "dropped")
+HUNG = ("timeout", "dropped")   # a play's failure when it hit a step timeout, or was stopped with one that did
 
 
 def unhinted_plays(e: PlayedEnv) -> list:
-    """This step's unhinted plays of an environment that survived, in order (e.unhinted[-1]'s)."""
-    return [ep for ep in e.episodes if ep.spec.hint is None and survived(ep)]
+    """This step's unhinted plays of an environment, less those a hang ended (e.unhinted[-1]'s, in order)."""
+    return [ep for ep in e.episodes if ep.spec.hint is None and ep.failure not in HUNG]
 
 
 def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dict:
@@ -305,7 +302,7 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
     for j, e in enumerate(played):
         e.episodes = [ep for ep in episodes if ep.spec.key[0] == j]
         # a play that hung, and those dropped with it, leave no return: the official code drops them too
-        e.hinted += [ep.episode_return for ep in e.episodes if ep.spec.hint is not None and survived(ep)]
+        e.hinted += [ep.episode_return for ep in e.episodes if ep.spec.hint is not None and ep.failure not in HUNG]
         plays = unhinted_plays(e)
         e.unhinted.append([ep.episode_return for ep in plays])
         e.trained.append([any(ep.loss_mask) for ep in plays])   # a play that failed to start has no tokens
@@ -328,7 +325,7 @@ def score(st: State, window: Window) -> list[dict]:
             continue
         given = {"variant": st.cfg.designer_reward, "window": window.length, "hang_penalty": st.cfg.timeout_penalty,
                  "envs": [dict(skill=e.skill, hung_step=e.hung_step, hinted=e.hinted, unhinted=e.unhinted,
-                               trained=e.trained) for e in chosen], "mu_slow": dict(st.mu_slow)}   # `spade-mini score`'s
+                               trained=e.trained) for e in chosen], "mu_slow": dict(st.mu_slow)}   # score's input
         out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
                                   hang_penalty=given["hang_penalty"])
         if designed:                    # pool and backfill environments leave the slow means alone
