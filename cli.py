@@ -424,8 +424,8 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
         where = f"envs[{k}]"
         if not (isinstance(e, dict) and isinstance(e.get("skill"), str)):
             fail(f"{where}.skill", "a string")
-        if "hung" in e:
-            fail(f"{where}.hung", "hung_step now (null, or the window's step where a play hung)")
+        if e.get("hung", False) is not False:   # older runs' flag: false still reads, a hang needs its step
+            fail(f"{where}.hung", "false, or hung_step given instead (the window's step where a play hung)")
         hung_step = e.get("hung_step")
         if hung_step is not None and not (type(hung_step) is int and 0 <= hung_step < data["window"]):
             fail(f"{where}.hung_step", f"null or an integer from 0 to {data['window'] - 1}")

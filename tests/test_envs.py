@@ -204,7 +204,7 @@ def test_the_action_is_read_after_the_last_think_only_when_there_is_one(reply, a
 
 
 def test_every_parse_of_an_environments_value_is_linear_in_its_size():
-    """issue 29: a solution() of 110,000 \boxed{} in one ~1 MB reply took 15 s in solution_actions (a replace
+    """A solution() of 110,000 \boxed{} in one ~1 MB reply took 15 s in solution_actions (a replace
     per box; 7.3 s on an idle core); the frame limit bounds the size, and linear parses keep it well under 1 s."""
     text = "\\boxed{1}" * 110_000
     start = time.monotonic()

@@ -449,7 +449,7 @@ def designer_state(monkeypatch, code: str, temperature: float, seen: dict, memor
 
 
 def test_a_designers_sampling_logprobs_are_taken_at_the_sampling_temperature(monkeypatch):
-    """The TIS denominator is the policy that sampled: at --temperature 0.6, not 1.0 (issue 28, item 9)."""
+    """The TIS denominator is the policy that sampled: at --temperature 0.6, not 1.0."""
     seen = {}
     (attempt,) = train.design(designer_state(monkeypatch, NO_KEYWORD_ENV, 0.6, seen), 0, ["Optimization"])
     assert attempt.verdict.valid and seen["temperature"] == 0.6

@@ -540,7 +540,7 @@ def test_the_first_tool_use_message_is_the_observation_when_the_template_shows_t
 
 def test_only_successful_tool_calls_enter_the_base_classs_call_history():
     """As the official base class logs them: a call that raises is answered with its error and not recorded; a
-    successful one is recorded with its result (issue 28, item 10)."""
+    successful one is recorded with its result."""
     code = '''
 class HistoryEnv(ToolUseBaseEnv):
     def reset(self, seed=None):
