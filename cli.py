@@ -424,19 +424,22 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
         where = f"envs[{k}]"
         if not (isinstance(e, dict) and isinstance(e.get("skill"), str)):
             fail(f"{where}.skill", "a string")
-        if not isinstance(e.get("hung", False), bool):
-            fail(f"{where}.hung", "true or false")
+        if e.get("hung", False) is not False:   # older runs' flag: false still reads, a hang needs its step
+            fail(f"{where}.hung", "false, or hung_step given instead (the window's step where a play hung)")
+        hung_step = e.get("hung_step")
+        if hung_step is not None and not (type(hung_step) is int and 0 <= hung_step < data["window"]):
+            fail(f"{where}.hung_step", f"null or an integer from 0 to {data['window'] - 1}")
         steps = e.get("unhinted")
-        if not (isinstance(steps, list) and 1 <= len(steps) <= data["window"] and steps[0]):
+        if not (isinstance(steps, list) and 1 <= len(steps) <= data["window"] and (steps[0] or hung_step == 0)):
             fail(f"{where}.unhinted", f"a list of 1 to {data['window']} lists (one per step of the window), the "
-                 "first not empty")
+                 "first not empty unless hung_step is 0")
         steps = [numbers(x, f"{where}.unhinted[{i}]") for i, x in enumerate(steps)]
         trained = e.get("trained", [[True] * len(x) for x in steps])
         if not (isinstance(trained, list) and len(trained) == len(steps)
                 and all(isinstance(t, list) and len(t) == len(x) and all(isinstance(b, bool) for b in t)
                         for t, x in zip(trained, steps))):
             fail(f"{where}.trained", "lists of true/false shaped like unhinted")
-        out.append(dict(skill=e["skill"], hung=e.get("hung", False), unhinted=steps, trained=trained,
+        out.append(dict(skill=e["skill"], hung_step=hung_step, unhinted=steps, trained=trained,
                         hinted=numbers(e.get("hinted", []), f"{where}.hinted")))
     return {"variant": data["variant"], "window": data["window"], "mu_slow": dict(mu), "envs": out,
             "hang_penalty": data.get("hang_penalty", hang_penalty)}

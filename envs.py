@@ -352,13 +352,11 @@ def solution_actions(raw) -> list[str] | None:
     (['\\\\boxed{up}', '\\\\boxed{left}'], None)
     """
     if isinstance(raw, str):
-        actions, rest = all_boxed(raw), raw
-        for action in actions:
-            rest = rest.replace(action, " ", 1)
-        return actions if actions and not rest.strip(" \t\n,;.") else None
-    if isinstance(raw, list) and raw and all(isinstance(a, str) and all_boxed(a) == [a.strip()] for a in raw):
-        return [a.strip() for a in raw]
-    return None
+        spans = boxed_spans(raw)
+        rest = "".join(raw[a:b] for a, b in zip([0] + [e for _, e in spans], [s for s, _ in spans] + [len(raw)]))
+        return [raw[a:b] for a, b in spans] if spans and not rest.strip(" \t\n,;.") else None
+    actions = [a.strip() for a in raw] if isinstance(raw, list) and all(isinstance(a, str) for a in raw) else []
+    return actions if actions and all(boxed_spans(a) == [(0, len(a))] for a in actions) else None
 
 
 def solution_calls(raw) -> list | None:
@@ -508,18 +506,31 @@ def open_env(code: str, max_turns: int, limits: Limits = Limits()) -> EnvProcess
 
 
 def after_thinking(text: str) -> str:
-    """The part of a reply that counts: after the last </think>; nothing while a <think> is still open.
+    """After the last </think> when there is one, else all of it (an unclosed <think> too, as the official code
+    reads it). Linear, as every parse here of a reply or an environment's value: the frame limit bounds the size.
 
     >>> after_thinking("<think>maybe 1</think> 2"), after_thinking("<think>cut off"), after_thinking("7")
-    (' 2', '', '7')
+    (' 2', '<think>cut off', '7')
     """
-    if "</think>" in text:
-        return text.rsplit("</think>", 1)[1]
-    return "" if "<think>" in text else text
+    return text.rsplit("</think>", 1)[1] if "</think>" in text else text
 
 
 # ----------------------------------------------------------------------------------------------------------
 # the agent's side: actions and returns
+
+_BRACE = re.compile(r"[{}]")
+_BRACE_FREE = [re.compile(r"\\boxed" + r"\{" * n + r"([^{}]+)" + r"\}" * n) for n in (1, 2, 3)]   # X, {X}, {{X}}
+
+
+def _close(text: str, open_at: int) -> int:
+    """Index of the "}" closing the "{" at open_at (nested pairs skipped), or -1; one pass, brace to brace."""
+    depth = 0
+    for brace in _BRACE.finditer(text, open_at + 1):
+        depth += 1 if brace.group() == "{" else -1
+        if depth < 0:
+            return brace.start()
+    return -1
+
 
 def first_boxed(text: str) -> str | None:
     """Content of the first \\boxed{...}, nested braces included; None if there is no complete one.
@@ -528,40 +539,38 @@ def first_boxed(text: str) -> str | None:
     ('\\\\frac{1}{2}', None, None)
     """
     start = text.find("\\boxed{")
-    if start < 0:
-        return None
-    depth, begin = 0, start + len("\\boxed{")
-    for i in range(begin, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            if depth == 0:
-                return text[begin:i]
-            depth -= 1
-    return None
+    end = _close(text, start + len("\\boxed")) if start >= 0 else -1
+    return text[start + len("\\boxed{"): end] if end >= 0 else None
 
 
-def all_boxed(text: str) -> list[str]:
-    r"""Every \boxed{...} command of a text, in order, e.g. a solution() sequence.
+def boxed_spans(text: str) -> list[tuple[int, int]]:
+    r"""(start, end) of every complete \boxed{...} in order, nested braces inside; stops at an unclosed one.
 
-    >>> all_boxed(r"\boxed{up} then \boxed{left}")
-    ['\\boxed{up}', '\\boxed{left}']
+    >>> [(s, e) for s, e in boxed_spans(r"\boxed{up} then \boxed{left}")]
+    [(0, 10), (16, 28)]
     """
-    out = []
-    while (inner := first_boxed(text)) is not None:
-        out.append("\\boxed{" + inner + "}")
-        text = text[text.find("\\boxed{") + len(out[-1]):]
-    return out
+    spans, at = [], 0
+    while (start := text.find("\\boxed{", at)) >= 0 and (at := _close(text, start + len("\\boxed")) + 1) > 0:
+        spans.append((start, at))
+    return spans
 
 
 def to_action(reply: str) -> str:
-    """What `step` receives: \\boxed{<first boxed content>} of the reply, or the raw reply if it has none.
+    """What `step` receives, as the official parser sends it: \\boxed{X}, X stripped, X the content of the
+    first \\boxed{X} whose X holds no brace, else of the first \\boxed{{X}}, else of \\boxed{{{X}}}; else of the
+    balanced group at the first "{" after the LAST \\boxed, less up to two outer brace pairs. No X, or a blank
+    one: the reply, stripped.
 
-    >>> to_action(r"I think 7. \\boxed{7} or \\boxed{8}"), to_action("left")
-    ('\\\\boxed{7}', 'left')
+    >>> to_action(r"\\boxed{\\frac{1}{2}} or \\boxed{ 3 }"), to_action(" left\\n"), to_action(r"\\boxed{a \\boxed{b}")
+    ('\\\\boxed{3}', 'left', '\\\\boxed{b}')
     """
-    inner = first_boxed(reply)
-    return reply if inner is None else "\\boxed{" + inner + "}"
+    inner = next((found.group(1) for pattern in _BRACE_FREE if (found := pattern.search(reply))), None)
+    open_at = reply.find("{", reply.rfind("\\boxed")) if inner is None and "\\boxed" in reply else -1
+    if (end := _close(reply, open_at) if open_at >= 0 else -1) >= 0:
+        inner = reply[open_at + 1: end].strip()
+        for _ in range(2):
+            inner = inner[1:-1].strip() if inner.startswith("{") and inner.endswith("}") else inner
+    return "\\boxed{" + inner.strip() + "}" if inner and inner.strip() else reply.strip()
 
 
 def episode_return(last_reward: float | None, terminated: bool, crashed: bool) -> float:

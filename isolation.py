@@ -1031,11 +1031,12 @@ def _child_tool_base():
                     for name, spec in self._tools.items()]
 
         def execute_tool(self, name, args):
-            self._call_history.append({"name": name, "arguments": args})
             try:
-                return {"output": str(getattr(self, "tool_" + name)(**args)), "returncode": 0}
+                result = str(getattr(self, "tool_" + name)(**args))
             except Exception as exc:
                 return {"output": f"Error calling {name}: {exc}", "returncode": 1}
+            self._call_history.append({"name": name, "arguments": args, "result": result})   # successful calls only
+            return {"output": result, "returncode": 0}
 
         def _steps_done(self):
             return self._current_msg >= len(self._user_messages)

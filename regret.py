@@ -17,7 +17,7 @@ BLEND_WEIGHTS = (0.4, 0.6)        # blend: weight of the regret part, weight of 
 GAMMA_SLOW = 0.85                 # learning_potential: step size of the slow per-skill mean
 MAX_SCALE = 50.0                  # designer advantages: cap on S = n_RA / n_ED
 EPS = 1e-8                        # agent advantages: added to the std
-HANG_PENALTY = -0.5               # designer reward of an environment whose play hit a step timeout
+HANG_PENALTY = -0.5               # designer reward of an environment a play of which hung at its window's first step
 DESIGNER_REWARDS = ("regret", "blend", "solve_rate", "learning_potential", "regret_based")
 
 
@@ -98,24 +98,23 @@ def update_slow_mean(mu: float | None, pooled: float, gamma: float = GAMMA_SLOW)
     return (1.0 - gamma) * float(mu) + gamma * float(pooled)
 
 
-def update_slow_means(mu_slow: dict, skills: list[str], window_returns: list[list[float]],
-                      hung: list[bool]) -> dict:
+def update_slow_means(mu_slow: dict, skills: list[str], window_returns: list[list[float]]) -> dict:
     """learning_potential's slow means after one window: per skill, FIRST pool every unhinted return of that
-    skill's non-hung environments, then update its mean once. Order-independent by construction.
+    skill's environments (a hung one's surviving plays too, as the official code pools them), then update its
+    mean once. Order-independent by construction.
 
     subtle: updating environment by environment (and scoring each against the mean before it) makes the
     second environment of a skill always win; pooling first gives both the same reference.
     Worked example, prior {A: 0.3}, environments of A with returns [0, 1] and [1, 1], one of B with [0, 0]:
     pooled(A) = 3/4 = 0.75, so mu(A) = 0.15 * 0.3 + 0.85 * 0.75 = 0.6825; B has no prior: mu(B) = 0.
 
-    >>> out = update_slow_means({"A": 0.3}, ["A", "A", "B"], [[0, 1], [1, 1], [0, 0]], [False] * 3)
+    >>> out = update_slow_means({"A": 0.3}, ["A", "A", "B"], [[0, 1], [1, 1], [0, 0]])
     >>> {k: round(v, 6) for k, v in out.items()}
     {'A': 0.6825, 'B': 0.0}
     """
     pooled: dict[str, list[float]] = {}
-    for skill, returns, is_hung in zip(skills, window_returns, hung):
-        if not is_hung:
-            pooled.setdefault(skill, []).extend(float(r) for r in returns)
+    for skill, returns in zip(skills, window_returns):
+        pooled.setdefault(skill, []).extend(float(r) for r in returns)
     out = dict(mu_slow)
     for skill, returns in pooled.items():
         if returns:
@@ -187,24 +186,28 @@ def designer_advantages(rewards: list[float], skills: list[str], scale: float) -
 
 def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
                  hang_penalty: float = HANG_PENALTY) -> dict:
-    """Score one regeneration window. envs: one dict per environment, {skill, hung, hinted: [returns],
+    """Score one regeneration window. envs: one dict per environment, {skill, hung_step, hinted: [returns],
     unhinted: [[returns of step 0], [step 1], ...], trained: same shape of bools (optional, all True)}.
+    hung_step: None, or the step of the window at which a play hit a step timeout; that step's timed-out
+    play and the plays dropped with it are not in `unhinted` (nor `hinted`): the survivors are.
 
     * r_nohint = mean of the FIRST step's unhinted returns ("matched timing"); r_hint = mean of the hinted
-      returns (= r_nohint without any); regret = r_hint - r_nohint, unfloored.
-    * w = mean of every unhinted return of the window; win_rate = the share of them > 0.
+      returns, 0 without any (the official default); regret = r_hint - r_nohint, unfloored.
+    * w = mean of every unhinted return of the window; win_rate = the share of the FIRST step's > 0 (the
+      memory's band, as the official memory takes it).
     * mu_slow: update_slow_means (every variant); learning_potential reads the UPDATED mean.
-    * designer_reward: hang_penalty if hung (every variant: departure 23), else designer_reward(variant,
-      ...); `regret` pays the first step's regret, `regret_based` R_hint - w (all the window's plays).
+    * designer_reward: hang_penalty if hung at the window's first step (hung_step 0; every variant: departure
+      23), else designer_reward(variant, ...) on the surviving plays; `regret` pays the first step's regret,
+      `regret_based` R_hint - w (all the window's plays).
     * designer_advantage = designer_advantages(..., S = designer_scale(n_RA, window, n_ED)).
-    * agent_advantages[k] = agent_advantages(step k); hung environments get 0 everywhere.
+    * agent_advantages[k] = agent_advantages(step k) over its surviving plays.
 
     Worked example (docs/score.md, "Checking another implementation"): one Optimization environment, prior 0.3,
     hinted [1, 1, 0, 1], one step unhinted [0, 1, 0, 0] with the last play untrained: r_hint 0.75, r_nohint
     0.25, regret 0.5, w 0.25; mu = 0.15 * 0.3 + 0.85 * 0.25 = 0.2575; S = min(4 * 1 / 1, 50) = 4; the
     trained plays [0, 1, 0] have mean 1/3 and std 0.4714, so -0.7071, 1.4142, -0.7071, and 0.
 
-    >>> out = score_window("regret", [{"skill": "Optimization", "hung": False, "hinted": [1, 1, 0, 1],
+    >>> out = score_window("regret", [{"skill": "Optimization", "hung_step": None, "hinted": [1, 1, 0, 1],
     ...     "unhinted": [[0, 1, 0, 0]], "trained": [[True, True, True, False]]}], {"Optimization": 0.3}, 1)
     >>> e = out["envs"][0]
     >>> e["r_hint"], e["r_nohint"], e["regret"], e["w"], e["designer_reward"], e["designer_advantage"]
@@ -213,22 +216,18 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
     ([-0.7071, 1.4142, -0.7071, 0.0], 0.2575, 4.0)
     """
     skills = [e["skill"] for e in envs]
-    hung = [bool(e.get("hung", False)) for e in envs]
     window_returns = [[float(r) for step in e["unhinted"] for r in step] for e in envs]
-    mu_new = update_slow_means(mu_slow, skills, window_returns, hung)
+    mu_new = update_slow_means(mu_slow, skills, window_returns)
     rows = []
-    for e, is_hung, returns in zip(envs, hung, window_returns):
+    for e, returns in zip(envs, window_returns):
         first = [float(r) for r in (e["unhinted"][0] if e["unhinted"] else [])]
-        r_nohint = _mean(first)
-        r_hint = _mean(e["hinted"]) if e.get("hinted") else r_nohint
-        w = _mean(returns)
-        reward = hang_penalty if is_hung else designer_reward(variant, r_hint, r_nohint, w, mu_new.get(e["skill"]))
+        r_nohint, r_hint, w = _mean(first), _mean(e.get("hinted") or []), _mean(returns)
+        reward = (hang_penalty if e.get("hung_step") == 0
+                  else designer_reward(variant, r_hint, r_nohint, w, mu_new.get(e["skill"])))
         trained = e.get("trained") or [[True] * len(step) for step in e["unhinted"]]
-        agent = [[0.0] * len(step) if is_hung else agent_advantages(step, t)
-                 for step, t in zip(e["unhinted"], trained)]
         rows.append(dict(r_hint=r_hint, r_nohint=r_nohint, regret=hint_regret(r_hint, r_nohint), w=w,
-                         win_rate=_mean([float(r > 0) for r in returns]), designer_reward=float(reward),
-                         agent_advantages=agent))
+                         win_rate=_mean([float(r > 0) for r in first]), designer_reward=float(reward),
+                         agent_advantages=[agent_advantages(step, t) for step, t in zip(e["unhinted"], trained)]))
     n_first = sum(len(e["unhinted"][0]) if e["unhinted"] else 0 for e in envs)
     scale = designer_scale(n_first, window, len(envs))
     for row, adv in zip(rows, designer_advantages([r["designer_reward"] for r in rows], skills, scale)):

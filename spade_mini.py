@@ -288,6 +288,7 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
 
 
 TIS_CAP = 2.0  # truncated importance sampling: the weight pi_old / pi_sampling is clamped to [0, 2]
+KL_CAP = 10.0  # each token's k3 KL term is clamped to [0, 10], as slime's low_var_kl
 
 
 @dataclass
@@ -334,7 +335,7 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.T
                   sampling_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Per-sample loss (B,) = mean over the sample's trainable tokens of the PPO-clip token loss, times the
     truncated importance weight w = clamp(pi_old / pi_sampling, 0, 2) when the sampling policy's log-probs are
-    given (stale samples; the official "TIS"), (+ beta*k3).
+    given (stale samples; the official "TIS"), + beta * min(k3, 10) (not weighted by TIS, as in slime).
 
     Worked example: one token, A = 2, logp = old -> ratio 1 -> loss = -min(1*2, clip(1, 0.8, 1.28)*2) = -2;
     sampled at log-prob old - ln 1.5: w = 1.5, loss -3; at old - ln 3: w = min(3, 2) = 2, loss -4 (truncated).
@@ -348,7 +349,7 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.T
     kl = torch.zeros_like(per_token)
     if ref_logp is not None:
         log_r = ref_logp - logp  # (B, T)
-        kl = torch.exp(log_r) - log_r - 1  # k3 estimator of KL(policy || reference): unbiased, always >= 0
+        kl = (torch.exp(log_r) - log_r - 1).clamp(max=KL_CAP)  # k3 estimate of KL(policy || reference), >= 0
         per_token = per_token + kl_beta * kl
     n = mask.sum(1).clamp(min=1)  # (B,)
     per_sample = (per_token * mask).sum(1) / n  # (B,)
@@ -422,9 +423,11 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     shares = [order[k::updates] for k in range(min(updates, len(samples)))] or [[]]   # no samples: a no-op step
     mine = [models.my_share(share) for share in shares]    # this rank's part of each step (all, in one process)
     wanted = sorted(i for part in mine for i in part)
+    # pi_old with dropout off, as pi_sampling; K = 1 without dropout reuses the step's own, detached (_accumulate)
+    dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
     old = dict(zip(wanted, sampled_logprobs(model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted],
                                             temperature=temperature, token_budget=token_budget, pad_id=pad_id,
-                                            chunk_size=chunk_size))) if len(shares) > 1 else None   # pi_old
+                                            chunk_size=chunk_size))) if len(shares) > 1 or dropout else None
     model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     params = [p for p in model.parameters() if p.requires_grad]
     totals = dict.fromkeys(("loss", "clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"), 0.0)

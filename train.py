@@ -92,6 +92,7 @@ class PlayedEnv:
     unhinted: list = dataclasses.field(default_factory=list)   # returns of the unhinted plays, one list per step
     trained: list = dataclasses.field(default_factory=list)    # same shape: did the play produce tokens
     hung: bool = False                  # a play hit a step timeout: dropped for the rest of the window
+    hung_step: int | None = None        # the window's step where it hung (0: the first, paid the hang penalty)
     stats: dict = dataclasses.field(default_factory=dict)      # evaluate.environment_stats, at the first step
     scores: dict = dataclasses.field(default_factory=dict)     # regret.score_window's row, at the last step
     episodes: list = dataclasses.field(default_factory=list)   # this step's spade_mini.Episode (not saved)
@@ -256,6 +257,14 @@ def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
         e.hint = hint
 
 
+HUNG = ("timeout", "dropped")   # a play's failure when it hit a step timeout, or was stopped with one that did
+
+
+def unhinted_plays(e: PlayedEnv) -> list:
+    """This step's unhinted plays of an environment, less those a hang ended (e.unhinted[-1]'s, in order)."""
+    return [ep for ep in e.episodes if ep.spec.hint is None and ep.failure not in HUNG]
+
+
 def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dict:
     """Phase 5: every play of every environment still in the window advances together, one generate per turn:
     P unhinted plays with fresh seeds each step, and at the window's first step H hinted ones. Play i with and
@@ -292,11 +301,13 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
     runs.fault_point("play", step)
     for j, e in enumerate(played):
         e.episodes = [ep for ep in episodes if ep.spec.key[0] == j]
-        e.hinted += [ep.episode_return for ep in e.episodes if ep.spec.hint is not None]
-        plays = [ep for ep in e.episodes if ep.spec.hint is None]
+        # a play that hung, and those dropped with it, leave no return: the official code drops them too
+        e.hinted += [ep.episode_return for ep in e.episodes if ep.spec.hint is not None and ep.failure not in HUNG]
+        plays = unhinted_plays(e)
         e.unhinted.append([ep.episode_return for ep in plays])
         e.trained.append([any(ep.loss_mask) for ep in plays])   # a play that failed to start has no tokens
-        e.hung = e.hung or any(ep.failure == "timeout" for ep in e.episodes)
+        if e.hung_step is None and any(ep.failure == "timeout" for ep in e.episodes):
+            e.hung, e.hung_step = True, len(e.unhinted) - 1
     return {"perf/generate_tok_per_s": timing["generated_tokens"] / max(timing["generate_s"], 1e-9),
             "perf/sandbox_s": timing["sandbox_s"], "perf/generate_s": timing["generate_s"]}
 
@@ -313,8 +324,8 @@ def score(st: State, window: Window) -> list[dict]:
         if not chosen:
             continue
         given = {"variant": st.cfg.designer_reward, "window": window.length, "hang_penalty": st.cfg.timeout_penalty,
-                 "envs": [dict(skill=e.skill, hung=e.hung, hinted=e.hinted, unhinted=e.unhinted, trained=e.trained)
-                          for e in chosen], "mu_slow": dict(st.mu_slow)}   # the input of `spade-mini score`
+                 "envs": [dict(skill=e.skill, hung_step=e.hung_step, hinted=e.hinted, unhinted=e.unhinted,
+                               trained=e.trained) for e in chosen], "mu_slow": dict(st.mu_slow)}   # score's input
         out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
                                   hang_penalty=given["hang_penalty"])
         if designed:                    # pool and backfill environments leave the slow means alone
@@ -348,12 +359,11 @@ def remember(st: State, window: Window) -> None:
 def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
     """Phase 8a, every step: the agent's unhinted plays of this step, z-scored within each environment over
     the plays that produced tokens (regret.agent_advantages, as score_window does). Hinted plays are never
-    trained; hung environments and groups whose returns all tie are dropped (departure 4, docs/details.md)."""
+    trained, nor plays that hung or were dropped with one (the survivors are, as in the official code); groups
+    whose returns all tie are dropped (departure 4, docs/details.md)."""
     samples, groups = [], []
     for e in played:
-        if e.hung:
-            continue
-        plays = [ep for ep in e.episodes if ep.spec.hint is None]
+        plays = unhinted_plays(e)
         groups.append([r for r, t in zip(e.unhinted[-1], e.trained[-1]) if t])
         advantages = regret.agent_advantages(e.unhinted[-1], e.trained[-1])
         if not any(advantages):

@@ -168,7 +168,7 @@ def test_returns_match_the_window_records_and_r_hint_is_logged_at_window_starts(
     assert [w["start"] for w in windows] == [0, 2]
     mean = lambda xs: sum(xs) / len(xs)
     for w in windows:
-        given = [e for e in w["input"]["envs"] if not e["hung"]]
+        given = [e for e in w["input"]["envs"] if e["hung_step"] is None]
         assert len(given) == 2
         for k in range(2):
             r = metrics[w["start"] + k]

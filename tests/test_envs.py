@@ -48,7 +48,7 @@ def source(name: str) -> str:
 def solution_actions(code: str, seed: int) -> list[str]:
     with envs.open_env(code, 12, LIMITS) as env:
         env.call("reset", seed)
-        return envs.all_boxed(env.call("solution"))
+        return envs.solution_actions(env.call("solution"))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -169,6 +169,55 @@ def test_first_boxed_is_the_balanced_content_of_the_first_box_or_none(text, inne
 def test_to_action_boxes_the_first_answer_or_passes_raw_text():
     assert envs.to_action("Let me think... \\boxed{left} and maybe \\boxed{up}") == "\\boxed{left}"
     assert envs.to_action("left") == "left"
+
+
+# Each expected action below is worked out by hand from the official parser's rule (spade-rl/spade at 9b2b813,
+# utils/parsing.py, read for the rule only): 1) the first \boxed{X} anywhere with X free of braces, 2) else the
+# first \boxed{{X}}, 3) else \boxed{{{X}}}, 4) else the balanced group at the first "{" after the LAST \boxed,
+# less up to two outer brace pairs; the answer stripped; none (or only whitespace) -> the reply stripped; with
+# thinking, only the text after the last </think> when there is one.
+@pytest.mark.parametrize("reply, action", [
+    (r"\boxed{ up }", r"\boxed{up}"),                                  # 1, stripped (spade-mini sent the spaces)
+    (r"\boxed{\frac{1}{2}} and \boxed{3}", r"\boxed{3}"),                # 1 skips a box with braces inside
+    (r"\boxed{\frac{1}{2}}", r"\boxed{\frac{1}{2}}"),                    # 4: the only box, its balanced content
+    (r"\boxed{{x}}", r"\boxed{x}"),                                     # 2
+    (r"\boxed{{{x}}}", r"\boxed{x}"),                                   # 3
+    (r"\boxed{a \boxed{b}", r"\boxed{b}"),                              # 1: the first brace-free box is the inner one
+    ("  left \n", "left"),                                              # no box: the reply, stripped
+    (r"\boxed{7} or \boxed{8}", r"\boxed{7}"),                           # 1: the first
+    (r"say \boxed{}", r"say \boxed{}"),                                  # 4 finds "": the reply, stripped
+    (r"\boxed{ } \boxed{3}", r"\boxed{ } \boxed{3}"),                    # 1 finds " " first -> "": the reply
+    (r"\boxed{open", r"\boxed{open"),                                    # 4 finds no close: the reply
+    (r"\boxed {x}", r"\boxed{x}"),                                      # 4: the "{" need not follow \boxed
+    (r"\boxed{{a}{b}}", r"\boxed{a}{b}"),                                # 4: {a}{b} loses its outer pair of braces
+])
+def test_to_action_sends_what_the_official_parser_sends(reply, action):
+    assert envs.to_action(reply) == action
+
+
+@pytest.mark.parametrize("reply, action", [
+    (r"<think>so \boxed{1}", r"\boxed{1}"),                               # unclosed: the whole reply is read
+    (r"<think>\boxed{1}</think> \boxed{2}", r"\boxed{2}"),                 # after the last </think> only
+])
+def test_the_action_is_read_after_the_last_think_only_when_there_is_one(reply, action):
+    assert envs.to_action(envs.after_thinking(reply)) == action
+
+
+def test_every_parse_of_an_environments_value_is_linear_in_its_size():
+    """A solution() of 110,000 \boxed{} in one ~1 MB reply took 15 s in solution_actions (a replace
+    per box; 7.3 s on an idle core); the frame limit bounds the size, and linear parses keep it well under 1 s."""
+    text = "\\boxed{1}" * 110_000
+    start = time.monotonic()
+    assert len(envs.solution_actions(text)) == 110_000
+    assert time.monotonic() - start < 1.0
+    start = time.monotonic()
+    assert len(envs.boxed_spans(text)) == 110_000 and envs.solution_actions(["\\boxed{1}"] * 110_000) is not None
+    assert envs.to_action(text) == "\\boxed{1}" and envs.first_boxed(text) == "1"
+    assert time.monotonic() - start < 1.0
+    for hostile in ("\\boxed{" * 110_000, "\\boxed{a" * 110_000, "\\boxed{" + "{}" * 200_000):
+        start = time.monotonic()
+        envs.solution_actions(hostile), envs.to_action(envs.after_thinking(hostile))
+        assert time.monotonic() - start < 1.0
 
 
 @pytest.mark.parametrize("last, terminated, crashed, expected", [

@@ -204,6 +204,7 @@ def test_hung_environments_get_a_marked_memory_record_and_ids_are_unique_across_
     for start in (0, 1):
         design = train.Design(0, 0, "Optimization", "", [1], [2], "", NO_KEYWORD_ENV, verdict)
         played = [train.PlayedEnv(train.env_id(start, 0), "Optimization", NO_KEYWORD_ENV, design, hung=start == 1,
+                                  hung_step=0 if start == 1 else None,
                                   hinted=[1.0], unhinted=[[0.0, 1.0]], trained=[[True, True]])]
         run.env_dir(start).mkdir(parents=True)
         window = train.Window(start, 1, ["Optimization"], [design], played)
@@ -238,7 +239,7 @@ def test_thinking_is_rendered_off_by_default_and_parsed_after_the_last_think(tin
 
 def test_score_command_prints_the_hand_computed_window_scores(tmp_path, capsys):
     given = {"variant": "regret", "window": 1, "mu_slow": {"Optimization": 0.3},
-             "envs": [{"skill": "Optimization", "hung": False, "hinted": [1, 1, 0, 1],
+             "envs": [{"skill": "Optimization", "hung_step": None, "hinted": [1, 1, 0, 1],
                        "unhinted": [[0, 1, 0, 0]], "trained": [[True, True, True, False]]}]}
     path = tmp_path / "window.json"
     path.write_text(json.dumps(given))
@@ -320,7 +321,7 @@ def test_skills_rotate_per_window_so_every_skill_is_designed(tmp_path, monkeypat
 
 def test_score_command_uses_the_logged_hang_penalty(tmp_path, capsys):
     given = {"variant": "regret", "window": 1, "hang_penalty": -0.25,
-             "envs": [{"skill": "A", "hung": True, "unhinted": [[0, 1]]}]}
+             "envs": [{"skill": "A", "hung_step": 0, "unhinted": [[0, 1]]}]}
     (tmp_path / "w.json").write_text(json.dumps(given))
     assert cli.main(["score", str(tmp_path / "w.json")]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["envs"][0]["designer_reward"] == -0.25
@@ -400,3 +401,110 @@ def test_play_keeps_earlier_thinking_in_the_episode_where_qwen3s_template_drops_
         [{"role": "user", "content": "x"}, {"role": "assistant", "content": replies[0]}, {"role": "user", "content": "y"}],
         tokenize=False, add_generation_prompt=True, enable_thinking=True)
     assert "Maybe 3." not in rerendered
+
+
+def test_a_hung_play_and_those_dropped_with_it_leave_no_return_and_the_survivors_train(monkeypatch):
+    """Step 1 of a window, 3 plays: play 0 ended on its own (return 1), play 1 hit a step timeout, play 2 was
+    dropped with it (both -1). The official code drops such plays: the step's returns are [1.0], the hang is
+    at step 1 (no penalty: regret.score_window), and the survivor is the step's one trained play."""
+    outcomes = [(1.0, None), (-1.0, "timeout"), (-1.0, "dropped")]
+    monkeypatch.setattr(models, "shared", lambda fn, specs, what: [
+        sm.Episode(spec, [1, 2], [0, 1], episode_return=outcomes[spec.key[2]][0], failure=outcomes[spec.key[2]][1])
+        for spec in specs])
+    st = SimpleNamespace(cfg=runs.Config(plays=3, hinted_plays=0))
+    e = train.PlayedEnv("e", "A", NO_KEYWORD_ENV, None, unhinted=[[0.0, 1.0, 0.0]], trained=[[True] * 3])
+    train.play_all(st, 1, [e], hinted=False)
+    assert (e.unhinted[1], e.trained[1], e.hung, e.hung_step) == ([1.0], [True], True, 1)
+    assert [ep.episode_return for ep in train.unhinted_plays(e)] == [1.0]
+
+
+def test_the_memory_bands_an_environment_by_its_first_steps_win_rate(tmp_path):
+    """R = 2, unhinted [[0, 0, 0, 0], [1, 1, 1, 1]]: the first step won none, so the memory's win rate is 0 and
+    the record is a 'too hard' negative, never a positive; over the window (4 / 8 = 0.5) it was a positive."""
+    run = runs.Run(tmp_path)
+    st = SimpleNamespace(cfg=runs.Config(), run=run, memory=envs.Memory(tmp_path / "memory.json"), mu_slow={})
+    design = train.Design(0, 0, "Optimization", "", [1], [2], "", NO_KEYWORD_ENV, envs.Verdict(True, "ok", "PlainEnv"))
+    played = [train.PlayedEnv(train.env_id(0, 0), "Optimization", NO_KEYWORD_ENV, design, hinted=[1.0] * 4,
+                              unhinted=[[0.0] * 4, [1.0] * 4], trained=[[True] * 4] * 2)]
+    run.env_dir(0).mkdir(parents=True)
+    window = train.Window(0, 2, ["Optimization"], [design], played)
+    train.score(st, window)
+    train.remember(st, window)
+    (record,) = st.memory.records
+    assert record["win_rate"] == 0.0 and record["w"] == 0.5
+    assert st.memory.positives("Optimization", random.Random(0)) == []
+    assert st.memory.negative("Optimization", random.Random(0)) == record
+
+
+def designer_state(monkeypatch, code: str, temperature: float, seen: dict, memory=None):
+    """A SimpleNamespace State whose designer writes `code`; sampled_logprobs records its temperature."""
+    monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1])
+    monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
+        models.Completion(p, [3], "```python\n" + code + "\n```", True) for p in prompts])
+    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: seen.update(kw) or [
+        [0.0] * len(ids) for ids, _ in rows])
+    return SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, temperature=temperature),
+                           corpus=["a doc"], memory=memory or envs.Memory("/nonexistent/m.json"),
+                           tok=SimpleNamespace(pad_token_id=0), model=None)
+
+
+def test_a_designers_sampling_logprobs_are_taken_at_the_sampling_temperature(monkeypatch):
+    """The TIS denominator is the policy that sampled: at --temperature 0.6, not 1.0."""
+    seen = {}
+    (attempt,) = train.design(designer_state(monkeypatch, NO_KEYWORD_ENV, 0.6, seen), 0, ["Optimization"])
+    assert attempt.verdict.valid and seen["temperature"] == 0.6
+
+
+def test_a_copy_of_a_memory_example_the_prompt_showed_is_rejected(monkeypatch, tmp_path):
+    """The copy check compares with the memory's examples too, not only the contract's example."""
+    memory = envs.Memory(tmp_path / "memory.json")
+    memory.add(dict(env_id="env_00000_00", file="f.py", skill="Optimization", code=NO_KEYWORD_ENV, step=0, hung=False,
+                    win_rate=0.5, regret=0.5, r_hint=1.0, r_nohint=0.5, w=0.5))
+    st = designer_state(monkeypatch, NO_KEYWORD_ENV, 0.6, {}, memory)
+    (attempt,) = train.design(st, 0, ["Optimization"])
+    assert (attempt.verdict.valid, attempt.verdict.reason) == (False, "copy")
+
+
+def test_the_kl_term_is_clamped_at_10_and_not_weighted_by_tis():
+    """A = 0 (no policy term), one token, TIS weight 2 (sampled at old - ln 3, truncated), beta = 0.1. log r = 1:
+    k3 = e - 1 - 1 = 0.71828, loss 0.1 * 0.71828 = 0.071828 (weighting it by TIS gave twice that). log r = 5:
+    k3 = e^5 - 6 = 142.41, clamped to 10 as slime's low_var_kl: 1.0."""
+    import math
+    import torch
+    logp, mask, adv = torch.tensor([[0.0, -1.0]]), torch.tensor([[0, 1]]), torch.tensor([0.0])
+    for log_r, loss in ((1.0, 0.1 * (math.e - 2)), (5.0, 1.0)):
+        per_sample, _ = sm.ppo_clip_loss(logp, logp, mask, adv, clip_low=0.2, clip_high=0.28, kl_beta=0.1,
+                                         ref_logp=logp + log_r, sampling_logp=logp - math.log(3.0))
+        assert float(per_sample[0]) == pytest.approx(loss, rel=1e-5)
+
+
+def test_pi_old_is_taken_with_dropout_off_so_a_fresh_designer_sample_has_tis_weight_1():
+    """--lora-dropout 0.3: a designer sample's sampling log-probs are taken in eval mode right after sampling; an
+    update with no step between must weigh it by exactly 1 (pi_old = pi_sampling). pi_old from the
+    train-mode forward (dropout on) made it noise: a mean ratio of 2,733 here (1.40 in the audit's run)."""
+    import torch
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.3, quantize="none",
+                                      gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    with torch.no_grad():   # LoRA B starts at 0, where dropout on the adapter's input changes nothing
+        for k, (name, p) in enumerate(model.named_parameters()):
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(k))
+    ids = torch.randint(0, len(tok), (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    mask = [0] * 20 + [1] * 20
+    sample = sm.Sample(ids, mask, 1.0, "designer")
+    sample.sampling_logprobs = sm.sampled_logprobs(model, [(ids, mask)], temperature=0.7, token_budget=4096,
+                                                   pad_id=0)[0]
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    out = sm.update(model, sgd, [sample], temperature=0.7, token_budget=4096, max_grad_norm=1e9)
+    assert out["is_ratio_mean"] == pytest.approx(1.0, abs=1e-5) and out["tis_frac"] == 0.0
+
+
+def test_the_update_scores_tokens_at_the_sampling_temperature(monkeypatch):
+    """Departure 28: pi_theta, pi_old and pi_sampling are all scored at --temperature, the policy that sampled
+    (the official trainer divides by --rollout-temperature 1.0 while sampling at 0.6)."""
+    seen = {}
+    monkeypatch.setattr(sm, "update", lambda model, optimizer, samples, **kw: seen.update(kw) or {"loss": 0.0})
+    st = SimpleNamespace(cfg=runs.Config(temperature=0.6), model=None, optimizer=None,
+                         tok=SimpleNamespace(pad_token_id=0))
+    train.optimize(st, 0, [sm.Sample([1, 2], [0, 1], 1.0, "agent")])
+    assert seen["temperature"] == 0.6

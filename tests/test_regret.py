@@ -1,10 +1,12 @@
 """regret.py: hand-computed values, the derivation in each docstring."""
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import cli
 import regret
 import evaluate
 
@@ -79,12 +81,20 @@ def test_learning_potential_pools_a_skill_before_scoring_in_any_order():
 
 def test_slow_mean_is_updated_first_with_the_pooled_window_mean():
     """Prior 0.4, pooled over a 2-step window [[0, 1], [1, 1]] = 0.75: mu = 0.15 * 0.4 + 0.85 * 0.75 = 0.6975,
-    and learning_potential reads it: |0.75 - 0.6975| = 0.0525. A hung environment changes no mean."""
-    given = [{"skill": "A", "unhinted": [[0, 1], [1, 1]]}, {"skill": "A", "hung": True, "unhinted": [[0, 0]]}]
-    out = regret.score_window("learning_potential", given, {"A": 0.4}, 2)
+    and learning_potential reads it: |0.75 - 0.6975| = 0.0525."""
+    out = regret.score_window("learning_potential", [{"skill": "A", "unhinted": [[0, 1], [1, 1]]}], {"A": 0.4}, 2)
     assert out["mu_slow"]["A"] == pytest.approx(0.6975)
     assert out["envs"][0]["designer_reward"] == pytest.approx(0.0525)
-    assert out["envs"][1]["designer_reward"] == regret.HANG_PENALTY
+
+
+def test_the_slow_mean_pools_a_hung_environments_surviving_plays():
+    """As the official code pools every accumulated play: prior 0.4, [[0, 1], [1, 1]] and a neighbour hung at
+    the first step with two survivors [0, 0]: pooled = 3 / 6 = 0.5, mu = 0.15 * 0.4 + 0.85 * 0.5 = 0.485 (leaving
+    the hung one out gave 0.6975); the healthy one's reward |0.75 - 0.485| = 0.265, the hung one's -0.5."""
+    given = [{"skill": "A", "unhinted": [[0, 1], [1, 1]]}, {"skill": "A", "hung_step": 0, "unhinted": [[0, 0]]}]
+    out = regret.score_window("learning_potential", given, {"A": 0.4}, 2)
+    assert out["mu_slow"]["A"] == pytest.approx(0.485)
+    assert [e["designer_reward"] for e in out["envs"]] == pytest.approx([0.265, regret.HANG_PENALTY])
 
 
 def test_scale_counts_plays_not_trained_samples():
@@ -100,18 +110,18 @@ def test_scale_counts_plays_not_trained_samples():
 
 def test_score_window_matches_timing_and_pools_w_over_the_window():
     """Window of 2 steps, unhinted [[0, 0], [0, 1]]: r_nohint = mean of step 0 only = 0 (matched timing with
-    the hints), r_hint = 0.5, regret 0.5; w = mean of all four = 0.25, win rate 1/4; step 0 ties (0, 0),
+    the hints), r_hint = 0.5, regret 0.5; w = mean of all four = 0.25, win rate 0 (step 0's); step 0 ties,
     step 1 gives [-1, 1]; S = min(2 * 2 / 1, 50) = 4. With [[0, 0], [1, 1]]: w = 0.5, so
-    blend = 0.4 * clip(0.5 / 0.15) + 0.6 * plateau(0.5) = 1.0, win rate 2/4, both steps tie."""
+    blend = 0.4 * clip(0.5 / 0.15) + 0.6 * plateau(0.5) = 1.0, win rate still 0, both steps tie."""
     given = [{"skill": "A", "hinted": [0, 1], "unhinted": [[0, 0], [0, 1]]}]
     out = regret.score_window("blend", given, {}, 2)
     (e,) = out["envs"]
-    assert (e["r_nohint"], e["r_hint"], e["regret"], e["w"], e["win_rate"]) == (0.0, 0.5, 0.5, 0.25, 0.25)
+    assert (e["r_nohint"], e["r_hint"], e["regret"], e["w"], e["win_rate"]) == (0.0, 0.5, 0.5, 0.25, 0.0)
     assert e["agent_advantages"][0] == [0.0, 0.0] and e["agent_advantages"][1] == pytest.approx([-1, 1])
     assert out["scale"] == 4.0
     given = [{"skill": "A", "hinted": [0, 1], "unhinted": [[0, 0], [1, 1]]}]
     (e,) = regret.score_window("blend", given, {}, 2)["envs"]
-    assert e["w"] == 0.5 and e["designer_reward"] == pytest.approx(1.0) and e["win_rate"] == 0.5
+    assert e["w"] == 0.5 and e["designer_reward"] == pytest.approx(1.0) and e["win_rate"] == 0.0
     assert e["agent_advantages"] == [[0.0, 0.0], [0.0, 0.0]]
 
 
@@ -130,20 +140,24 @@ def test_regret_based_pays_the_hint_gap_against_every_unhinted_play_of_the_windo
 
 
 def test_regret_based_gives_a_hung_environment_the_penalty():
-    given = [{"skill": "A", "hung": True, "hinted": [1, 1], "unhinted": [[0, 0]]}, {"skill": "A", "unhinted": [[0, 0]]}]
+    given = [{"skill": "A", "hung_step": 0, "hinted": [1, 1], "unhinted": [[0, 0]]}, {"skill": "A", "unhinted": [[0, 0]]}]
     assert regret.score_window("regret_based", given, {}, 1)["envs"][0]["designer_reward"] == -0.5
 
 
-def test_score_window_without_hinted_plays_has_zero_regret():
+def test_without_hinted_plays_r_hint_is_zero():
+    """The official default when no hinted play ran: R_hint = 0, so regret = -R_nohint (floored to 0 as a reward)."""
     (e,) = regret.score_window("regret", [{"skill": "A", "unhinted": [[0, 1]]}], {}, 1)["envs"]
-    assert e["r_hint"] == e["r_nohint"] == 0.5 and e["regret"] == 0.0
+    assert (e["r_hint"], e["r_nohint"], e["regret"], e["designer_reward"]) == (0.0, 0.5, -0.5, 0.0)
 
 
-def test_hung_environment_gets_the_penalty_and_no_agent_advantage():
-    given = [{"skill": "A", "hung": True, "hinted": [1], "unhinted": [[0, 1]]}, {"skill": "A", "unhinted": [[0, 0]]}]
+def test_a_first_step_hang_gets_the_penalty_and_its_survivors_their_advantages():
+    """Hung at the window's first step with two surviving plays [0, 1]: reward -0.5; the survivors are trained
+    as the official code trains them, z-scores [-1, 1]; S = min(4 * 1 / 2, 50) = 2, mean reward -0.25, so the
+    hung one's advantage is (-0.5 + 0.25) * 2 = -0.5."""
+    given = [{"skill": "A", "hung_step": 0, "hinted": [1], "unhinted": [[0, 1]]}, {"skill": "A", "unhinted": [[0, 0]]}]
     out = regret.score_window("regret", given, {}, 1, hang_penalty=-0.5)
-    assert out["envs"][0]["designer_reward"] == -0.5 and out["envs"][0]["agent_advantages"] == [[0.0, 0.0]]
-    assert out["envs"][0]["designer_advantage"] == pytest.approx((-0.5 - -0.25) * 2)
+    assert out["envs"][0]["designer_reward"] == -0.5 and out["envs"][0]["agent_advantages"] == [pytest.approx([-1, 1])]
+    assert out["envs"][0]["designer_advantage"] == pytest.approx(-0.5)
 
 
 def test_slow_mean_moves_85_percent_of_the_way_to_the_new_mean():
@@ -252,3 +266,69 @@ def test_loc_skips_blank_and_comment_lines():
 
 def test_no_solution_means_no_leak():
     assert not evaluate.hint_leak("anything 37", None) and not evaluate.opening_leak("anything", "")
+
+
+# `spade-mini score` on windows worked out by hand from the official rules (spade-rl/spade at 9b2b813, read for
+# the rules only): -0.5 only for a hang at the window's first step, a later hang drops its plays and the rest
+# is scored; R_hint = 0 without hinted plays; the memory's win rate is the first step's share of wins.
+
+def score(given: dict, tmp_path, capsys) -> dict:
+    (tmp_path / "window.json").write_text(json.dumps(given))
+    assert cli.main(["score", str(tmp_path / "window.json")]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_a_hang_after_the_first_step_is_no_penalty_its_surviving_plays_are_scored(tmp_path, capsys):
+    """R = 2, regret, one skill, 4 plays. Env 0: hinted [1, 1, 1, 1], unhinted [[0, 1, 0, 1], [1, 1, 1, 1]]:
+    regret 1 - 0.5 = 0.5. Env 1 hangs at step 1 (two plays survive it): hinted [1, 1, 0, 0], unhinted
+    [[0, 0, 0, 1], [0, 1]]: regret 0.5 - 0.25 = 0.25 (the old rule gave -0.5). S = min(8 * 2 / 2, 50) = 8, mean
+    0.375: advantages +1.0 and -1.0 (old: +4, -4). mu(A) = pooled 8 / 14 (every surviving play). win rates
+    (first step) 0.5 and 0.25; step 1's survivors [0, 1] get z-scores [-1, 1]."""
+    out = score({"variant": "regret", "window": 2, "envs": [
+        {"skill": "A", "hinted": [1, 1, 1, 1], "unhinted": [[0, 1, 0, 1], [1, 1, 1, 1]]},
+        {"skill": "A", "hung_step": 1, "hinted": [1, 1, 0, 0], "unhinted": [[0, 0, 0, 1], [0, 1]]}]}, tmp_path, capsys)
+    assert [e["designer_reward"] for e in out["envs"]] == [0.5, 0.25]
+    assert [e["designer_advantage"] for e in out["envs"]] == pytest.approx([1.0, -1.0]) and out["scale"] == 8.0
+    assert out["mu_slow"]["A"] == pytest.approx(8 / 14)
+    assert [e["win_rate"] for e in out["envs"]] == [0.5, 0.25]
+    assert out["envs"][1]["agent_advantages"][1] == pytest.approx([-1.0, 1.0])
+
+
+def test_a_hang_at_the_first_step_is_the_penalty_under_regret_based(tmp_path, capsys):
+    """R = 2, regret_based. Env 0: R_hint 1, w = 6 / 8 = 0.75: 0.25. Env 1 hangs at step 0, two plays [0, 1]
+    survive and it plays no more: -0.5. n_RA = 4 + 2 = 6, S = min(6 * 2 / 2, 50) = 6, mean -0.125: advantages
+    +2.25 and -2.25; mu(A) = (6 + 1) / 10 = 0.7."""
+    out = score({"variant": "regret_based", "window": 2, "envs": [
+        {"skill": "A", "hinted": [1, 1, 1, 1], "unhinted": [[0, 1, 0, 1], [1, 1, 1, 1]]},
+        {"skill": "A", "hung_step": 0, "hinted": [1, 1], "unhinted": [[0, 1]]}]}, tmp_path, capsys)
+    assert [e["designer_reward"] for e in out["envs"]] == [0.25, -0.5] and out["scale"] == 6.0
+    assert [e["designer_advantage"] for e in out["envs"]] == pytest.approx([2.25, -2.25])
+    assert out["mu_slow"]["A"] == pytest.approx(0.7)
+
+
+def test_regret_based_without_hinted_plays_never_pays_a_falling_return(tmp_path, capsys):
+    """--hinted-plays 0, R = 2, regret_based. Env 0's return falls, [[1, 1, 0, 0], [0, 0, 0, 0]]: w = 0.25; with
+    R_hint = 0 (the official default) its reward is max(0, 0 - 0.25) = 0, as is env 1's (all 0). Taking R_hint
+    = R_nohint = 0.5 paid 0.5 - 0.25 = 0.25 and, S = 8, an advantage of +1.0 for making the agent worse."""
+    out = score({"variant": "regret_based", "window": 2, "envs": [
+        {"skill": "A", "unhinted": [[1, 1, 0, 0], [0, 0, 0, 0]]},
+        {"skill": "A", "unhinted": [[0, 0, 0, 0], [0, 0, 0, 0]]}]}, tmp_path, capsys)
+    assert [e["designer_reward"] for e in out["envs"]] == [0.0, 0.0]
+    assert [e["designer_advantage"] for e in out["envs"]] == [0.0, 0.0]
+
+
+def test_the_win_rate_is_the_first_steps_share_of_wins(tmp_path, capsys):
+    """R = 2, unhinted [[0, 0, 0, 1], [1, 1, 1, 1]]: the first step won 1 of 4, so 0.25 (the window's 5 / 8 =
+    0.625 before); w stays the window's mean, 0.625."""
+    out = score({"variant": "regret", "window": 2, "envs": [
+        {"skill": "A", "hinted": [1, 1, 1, 1], "unhinted": [[0, 0, 0, 1], [1, 1, 1, 1]]}]}, tmp_path, capsys)
+    assert out["envs"][0]["win_rate"] == 0.25 and out["envs"][0]["w"] == 0.625
+
+
+@pytest.mark.parametrize("entry, field", [({"hung": True}, "envs[0].hung"), ({"hung_step": True}, "envs[0].hung_step"),
+                                          ({"hung_step": 2}, "envs[0].hung_step")])
+def test_score_input_names_the_hang_step(tmp_path, capsys, entry, field):
+    (tmp_path / "w.json").write_text(json.dumps({"variant": "regret", "window": 2,
+                                                 "envs": [{"skill": "A", "unhinted": [[0, 1]], **entry}]}))
+    assert cli.main(["score", str(tmp_path / "w.json")]) == 2
+    assert field in capsys.readouterr().err

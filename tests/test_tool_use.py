@@ -536,3 +536,27 @@ def test_an_environments_own_execute_tool_answers_its_calls():
 def test_the_first_tool_use_message_is_the_observation_when_the_template_shows_the_tools():
     assert envs.agent_tool_message("Book a table.", None, None) == "Book a table."
     assert "<tool_call>" in envs.agent_tool_message("Book a table.", None, {"a": {"description": "", "parameters": {}}})
+
+
+def test_only_successful_tool_calls_enter_the_base_classs_call_history():
+    """As the official base class logs them: a call that raises is answered with its error and not recorded; a
+    successful one is recorded with its result."""
+    code = '''
+class HistoryEnv(ToolUseBaseEnv):
+    def reset(self, seed=None):
+        self.turn_count, self._call_history = 0, []
+        self._tools = {"inverse": {"description": "1 / x.", "parameters": {
+            "type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}}}
+        return "go", {}
+
+    def tool_inverse(self, x):
+        return 1 / x
+
+    def step(self, action):
+        return repr(self._call_history), 0.0, False, False, {}
+'''
+    with envs.open_env(code, 4) as env:
+        env.call("reset", 0)
+        assert envs.tool_result(env.call(":tool", "inverse", {"x": 0}))[1] is True
+        assert envs.tool_result(env.call(":tool", "inverse", {"x": 2})) == ("0.5", False)
+        assert envs.parse_step(env.call("step", "x"))[0] == "[{'name': 'inverse', 'arguments': {'x': 2}, 'result': '0.5'}]"

@@ -69,10 +69,10 @@ def recomputed(run: Path, step: int) -> dict:
     windows = [s for s in logged if s["kind"] == "window"]
     assert windows and all(w["input"]["window"] == 1 for w in windows)
     given = [e for w in windows for e in w["input"]["envs"]]
-    scored = [e for e in given if not e["hung"]]
+    scored = [e for e in given if e["hung_step"] is None]
     r_hint = [mean(e["hinted"]) if e["hinted"] else mean(e["unhinted"][0]) for e in scored]
     trained = sum(sum(e["trained"][-1]) for w in windows for e, out in zip(w["input"]["envs"], w["output"]["envs"])
-                  if not e["hung"] and any(out["agent_advantages"][-1]))
+                  if any(out["agent_advantages"][-1]))   # a hung environment's surviving plays train too
     rejections: dict[str, int] = {}
     for v in designs:
         if not v["valid"]:
@@ -80,7 +80,7 @@ def recomputed(run: Path, step: int) -> dict:
     return {"designer/attempts": len(designs),
             "designer/valid_rate": mean(v["valid"] for v in designs) if designs else None,
             "designer/rejections": rejections,
-            "env/count": len(given), "env/hung": sum(e["hung"] for e in given),
+            "env/count": len(given), "env/hung": sum(e["hung_step"] is not None for e in given),
             "agent/return_nohint": mean(mean(e["unhinted"][-1]) for e in scored),
             "agent/return_hint": mean(r_hint),
             "env/regret": mean(h - mean(e["unhinted"][0]) for h, e in zip(r_hint, scored)),
