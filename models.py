@@ -609,7 +609,7 @@ def lora_merged(model):
     the LoRA weights folded into a copy of each base weight for the call, the adapter switched off, the original
     weights put back after (untouched, so nothing drifts). Only for unquantized fp32 weights: a 4-bit base cannot
     take the sum without a lossy requantization, and bf16 rounds it. The same function with fewer kernel calls:
-    log-probs within 1e-5 of the unmerged model (tests/test_model.py)."""
+    log-probs within 1e-4 of the unmerged model (tests/test_engine.py)."""
     layers = [m for m in model.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")
               and isinstance(m.get_base_layer(), torch.nn.Linear) and m.get_base_layer().weight.dtype == torch.float32
               and m.active_adapters and not getattr(m, "merged", False)]

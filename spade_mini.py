@@ -43,6 +43,8 @@ class Episode:
     spec: EpisodeSpec
     token_ids: list[int] = field(default_factory=list)   # prompt, then replies (mask 1) and observations (mask 0)
     loss_mask: list[int] = field(default_factory=list)   # same length as token_ids
+    rollout_logprobs: list[float] | None = field(default_factory=list)  # same length: the sampler's log-prob of
+                                      # each reply token (models.Sampler), 0 elsewhere; None if a reply had none
     prompt_len: int = 0
     episode_return: float = 0.0  # envs.episode_return of the last step, in [-1, 1]
     turns: int = 0               # steps taken in the environment
@@ -53,9 +55,13 @@ class Episode:
     tools: dict | None = None    # tool_use: the environment's tools (envs.parse_tools), read after reset
     tool_rounds: int = 0         # tool_use: replies that only called tools (they take no turn)
 
-    def append(self, ids: list[int], trainable: bool) -> None:
+    def append(self, ids: list[int], trainable: bool, logprobs: list[float] | None = None) -> None:
         self.token_ids += ids
         self.loss_mask += [int(trainable)] * len(ids)
+        if trainable and (logprobs is None or len(logprobs) < len(ids)):
+            self.rollout_logprobs = None   # a stand-in's reply: nothing recorded, so no TIS and no mismatch
+        elif self.rollout_logprobs is not None:
+            self.rollout_logprobs += list(logprobs[: len(ids)]) if trainable else [0.0] * len(ids)
 
 
 MAX_OBSERVATION_CHARS = 16_000  # about 4k tokens; longer observations are cut (they are not in the budget)
@@ -208,7 +214,7 @@ def _take_replies(eps: list[Episode], active: list[int], replies: list, room: di
     for i, reply in zip(active, replies):
         cut = len(reply.completion_ids) > room[i] or not reply.finished
         reply.completion_ids = reply.completion_ids[: room[i]]
-        eps[i].append(reply.completion_ids, trainable=True)
+        eps[i].append(reply.completion_ids, trainable=True, logprobs=reply.logprobs)
         if cut:
             _cut(eps[i], reply)
         else:
@@ -297,7 +303,9 @@ class Sample:
     loss_mask: list[int]   # 1 where the model wrote the token (trained), 0 for prompt/observations/padding
     advantage: float
     role: str              # "agent" or "designer"
-    sampling_logprobs: list[float] | None = None  # (T,) the sampling policy's, sampled_logprobs; None: pi_old's
+    sampling_logprobs: list[float] | None = None  # (T,) the sampling policy's (TIS); None: pi_old's
+    rollout_logprobs: list[float] | None = None   # (T,) what the sampler itself recorded (models.Sampler): the
+                                                  # rollout/trainer mismatch is measured against these
 
 
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
@@ -360,6 +368,23 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.T
     return per_sample, stats
 
 
+def mismatch(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """(sum of k3, max |delta|, tokens) over the masked tokens of one sample: how far the trainer's pi_old is from
+    the log-probs the sampler drew the same tokens with. k3 = r - 1 - log r with r = pi_old / pi_sampler, an
+    estimate of KL(sampler || trainer) from the sampler's own tokens (>= 0, 0 when on-policy). Shapes (T,).
+
+    Worked example: two tokens, trainer -1.0 and -2.0, sampler -1.0 and -2.5: log r = 0 and 0.5, k3 = 0 and
+    e^0.5 - 1.5 = 0.1487; max |delta| 0.5.
+    >>> [round(x, 4) for x in mismatch(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -2.5]), torch.ones(2))]
+    [0.1487, 0.5, 2.0]
+    """
+    keep = mask.bool()
+    log_r = (trainer_logp - rollout_logp)[keep].double()  # (N,)
+    if log_r.numel() == 0:
+        return 0.0, 0.0, 0.0
+    return float((log_r.exp() - 1 - log_r).sum()), float(log_r.abs().max()), float(log_r.numel())
+
+
 def sampled_logprobs(model, rows: list, *, temperature: float, token_budget: int, pad_id: int,
                      chunk_size: int = 512) -> list[list[float]]:
     """The current weights' log-probs (T,) of each (token_ids, loss_mask) row (0 where the mask is 0), in eval
@@ -399,6 +424,10 @@ def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dic
                                       kl_beta=kl_beta, ref_logp=ref, sampling_logp=sampling)
     loss = per_sample.sum() / n
     loss.backward()
+    for i, s in enumerate(part):
+        if s.rollout_logprobs is not None:
+            totals[f"mismatch_{s.role}"].append(mismatch(old_logp[i, : len(s.rollout_logprobs)], torch.tensor(
+                s.rollout_logprobs, device=model.device), mask[i, : len(s.rollout_logprobs)]))
     totals["loss"] += loss.item()
     totals["padded_tokens"] += ids.numel()
     for k in ("clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"):
@@ -431,7 +460,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     params = [p for p in model.parameters() if p.requires_grad]
     totals = dict.fromkeys(("loss", "clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"), 0.0)
-    totals["padded_tokens"] = 0
+    totals.update(padded_tokens=0, mismatch_agent=[], mismatch_designer=[])
     norms = []
     for share, own in zip(shares, mine):
         optimizer.zero_grad(set_to_none=True)
@@ -446,7 +475,9 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     optimizer.zero_grad(set_to_none=True)
     seconds = time.time() - t0
     rate = totals["tokens"] / max(seconds, 1e-9)    # this rank's
+    found = {role: models.gather(totals.pop(f"mismatch_{role}"), "the mismatch") for role in ("agent", "designer")}
     models.sum_totals(totals, model.device)         # torchrun: the step's loss and token counts over all ranks
+    found = {role: [m for rank in parts for m in rank] for role, parts in found.items()}
     n = max(totals["tokens"], 1.0)
     is_mean = totals["is_sum"] / n   # the TIS ratio pi_old / pi_sampling over the trained tokens: mean, std
     return {"loss": totals["loss"] / len(shares), "kl": totals["kl_sum"] / n, "clip_frac": totals["clipped_tokens"] / n,
@@ -454,4 +485,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
             "padded_tokens": totals["padded_tokens"], "samples": len(samples), "seconds": seconds,
             "tokens_per_s": rate, "is_ratio_mean": is_mean, "tis_frac": totals["truncated_tokens"] / n,
             "is_ratio_std": max(totals["is_sq_sum"] / n - is_mean ** 2, 0.0) ** 0.5,
-            "peak_mem_mb": models.peak_memory_mb(model)}
+            "peak_mem_mb": models.peak_memory_mb(model),
+            **{f"mismatch_k3_{role}": sum(m[0] for m in ms) / max(sum(m[2] for m in ms), 1.0) if ms else None
+               for role, ms in found.items()},
+            **{f"mismatch_max_{role}": max(m[1] for m in ms) if ms else None for role, ms in found.items()}}

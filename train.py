@@ -77,6 +77,7 @@ class Design:
     code: str | None
     verdict: envs.Verdict
     logprobs: list | None = None        # valid ones: the sampling policy's log-probs of completion_ids (TIS)
+    rollout_logprobs: list | None = None  # valid ones: what the sampler recorded for them (the mismatch metric)
 
 
 @dataclass
@@ -207,7 +208,8 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]), out.prompt_ids,
                                    out.completion_ids, out.text, code, verdict,
-                                   next(logprobs)[len(out.prompt_ids):] if verdict.valid else None))
+                                   next(logprobs)[len(out.prompt_ids):] if verdict.valid else None,
+                                   out.logprobs if verdict.valid else None))
             if verdict.valid:
                 filled.add(g)
     return sorted(sum(models.gather(attempts, "the designs"), []), key=lambda d: (d.attempt, d.slot))
@@ -368,7 +370,10 @@ def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
         advantages = regret.agent_advantages(e.unhinted[-1], e.trained[-1])
         if not any(advantages):
             continue                    # a tie: no gradient
-        samples += [spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent")
+        # note: the sampler's own log-probs are the agent's pi_sampling (the official TIS): 1 in fp32 on the CPU,
+        # and the correction when the trainer computes otherwise (bf16 autocast, NF4 on a GPU)
+        samples += [spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent", ep.rollout_logprobs,
+                                      ep.rollout_logprobs)
                     for ep, adv, t in zip(plays, advantages, e.trained[-1]) if t]
     return samples, {"agent/zero_variance_frac": evaluate.zero_variance_fraction(groups) if groups else None}
 
@@ -380,7 +385,8 @@ def designer_samples(cfg: Config, window: Window) -> list:
         return []
     return [spade_mini.Sample(d.prompt_ids + d.completion_ids, [0] * len(d.prompt_ids) + [1] * len(d.completion_ids),
                               e.scores["designer_advantage"], "designer",
-                              d.logprobs and [0.0] * len(d.prompt_ids) + d.logprobs)
+                              d.logprobs and [0.0] * len(d.prompt_ids) + d.logprobs,
+                              d.rollout_logprobs and [0.0] * len(d.prompt_ids) + d.rollout_logprobs)
             for e in window.envs if (d := e.design) is not None and e.scores["designer_advantage"] != 0
             and d.completion_ids]
 

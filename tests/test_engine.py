@@ -1,0 +1,127 @@
+"""The rollout engine's parts against the plain versions they replace (models.py): the Sampler against HF's own
+warpers, the growing KV cache against DynamicCache, merged LoRA against the adapter, shared prefill against
+a prefill per row, and the sampler's recorded log-probs against the update's token_logprobs."""
+import os
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import models
+import spade_mini as sm
+
+CACHE = os.path.expanduser(os.environ.get("SPADE_MINI_CACHE", "~/.cache/spade-mini"))
+GREEDY = dict(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                      gradient_checkpointing=False, cache_dir=CACHE, seed=0)
+    with torch.no_grad():   # a LoRA that changes the output, so merged vs unmerged is a real comparison
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    return model, tok
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 20, 0.95), (1.0, 0, 0.9), (0.6, 5, 1.0), (1.3, 50, 0.5)])
+def test_sampler_keeps_the_tokens_and_probabilities_of_hf_warpers(temperature, top_k, top_p):
+    scores = torch.randn(6, 1000, generator=torch.Generator().manual_seed(1)) * 3  # (B, V)
+    hf = TemperatureLogitsWarper(temperature)(None, scores)
+    if top_k:
+        hf = TopKLogitsWarper(top_k)(None, hf)
+    hf = TopPLogitsWarper(top_p)(None, hf)
+    top, ids = models.Sampler(temperature, top_k, top_p).kept(scores)  # (B, k)
+    ours = torch.full_like(scores, float("-inf")).scatter(1, ids, top)
+    assert torch.equal(torch.isinf(ours), torch.isinf(hf))
+    assert torch.allclose(ours.softmax(-1), hf.softmax(-1), atol=1e-6)
+
+
+def test_sampler_draws_only_kept_tokens_at_their_frequencies():
+    """Top-k 3 of logits [2, 1, 0, -1, ...]: the 3 kept tokens at softmax([2, 1, 0]) = 0.665, 0.245, 0.090."""
+    scores = torch.tensor([[2.0, 1.0, 0.0] + [-1.0] * 7]).repeat(20_000, 1)  # (B, V)
+    torch.manual_seed(0)
+    out = models.Sampler(1.0, 3, 1.0)(None, scores)
+    token = out.argmax(-1)
+    assert torch.isinf(out).sum(-1).eq(9).all() and token.max() <= 2
+    freq = torch.bincount(token, minlength=3).float() / len(token)
+    assert torch.allclose(freq, torch.tensor([0.665, 0.245, 0.090]), atol=0.01)
+
+
+def test_sampler_records_the_full_softmax_log_prob_of_each_drawn_token():
+    scores = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
+    sampler = models.Sampler(0.7, 10, 0.9)
+    token = sampler(None, scores).argmax(-1)
+    expected = (scores / 0.7).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
+    assert torch.allclose(sampler.steps()[:, 0], expected)
+
+
+def test_growing_cache_gives_dynamic_cache_logits_and_survives_row_selection(tiny_model):
+    model, _ = tiny_model
+    ids = torch.randint(5, 1000, (3, 40), generator=torch.Generator().manual_seed(3))  # (B, T)
+    with torch.no_grad():
+        a, b = DynamicCache(), models.GrowingCache()
+        for cache in (a, b):
+            model(input_ids=ids[:, :30], cache=cache, use_cache=True)
+        for t in range(30, 40):   # one column at a time, within the first capacity (64 columns)
+            la = model(input_ids=ids[:, t: t + 1], cache=a, use_cache=True).logits
+            lb = model(input_ids=ids[:, t: t + 1], cache=b, use_cache=True).logits
+            assert torch.allclose(la, lb, atol=1e-5)
+        keep = torch.tensor([2, 0])
+        a.batch_select_indices(keep), b.batch_select_indices(keep)
+        more = torch.randint(5, 1000, (2, 60), generator=torch.Generator().manual_seed(4))   # grows past 64 columns
+        la = model(input_ids=more, cache=a, use_cache=True).logits
+        lb = model(input_ids=more, cache=b, use_cache=True).logits
+    assert b.get_seq_length() == 100 and torch.allclose(la, lb, atol=1e-5)
+
+
+def test_merged_lora_generates_the_adapter_s_function_and_puts_the_weights_back(tiny_model):
+    model, _ = tiny_model
+    ids = torch.randint(5, 1000, (2, 12), generator=torch.Generator().manual_seed(5))
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    model.eval()
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base = model(input_ids=ids).logits
+        with models.lora_merged(model):
+            merged = model(input_ids=ids).logits
+    assert not torch.allclose(plain, base, atol=1e-3)        # the LoRA matters here
+    assert torch.allclose(plain.log_softmax(-1), merged.log_softmax(-1), atol=1e-4)   # float rounding only
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert all(p.requires_grad == before[n].requires_grad for n, p in model.named_parameters())
+
+
+def test_identical_prompts_prefilled_once_give_the_tokens_of_separate_prefills(tiny_model, monkeypatch):
+    model, tok = tiny_model
+    a, b = models.chat_ids(tok, "the same first observation"), models.chat_ids(tok, "another one, longer " * 3)
+    prompts = [a, b, a, a, b]
+    shared = [c.completion_ids for c in models.generate(model, tok, prompts, max_new_tokens=10, **GREEDY)]
+    calls = []
+    real = models._prefill_shared
+
+    def spy(model_, ids, mask):
+        calls.append(ids.shape[0])
+        return real(model_, ids, mask)
+    monkeypatch.setattr(models, "_prefill_shared", spy)
+    single = [models.generate(model, tok, [p], max_new_tokens=10, **GREEDY)[0].completion_ids for p in prompts]
+    assert shared == single
+    ids, mask = models._left_pad(prompts, tok.pad_token_id, max(map(len, prompts)), model.device)
+    _, _, cache = real(model, ids, mask)
+    assert cache.get_seq_length() == ids.shape[1] - 1 and cache.layers[0].keys.shape[0] == 5
+    assert torch.equal(cache.layers[0].keys[0], cache.layers[0].keys[3])
+
+
+def test_the_sampler_s_log_probs_are_the_trainer_s_for_the_same_tokens(tiny_model):
+    """The rollout/trainer mismatch on the CPU in fp32: the log-prob the sampler saw (merged LoRA, KV cache,
+    incremental) equals the update's token_logprobs (adapter, one full forward) to float precision."""
+    model, tok = tiny_model
+    prompts = [models.chat_ids(tok, "hello"), models.chat_ids(tok, "a longer prompt here")]
+    outs = models.generate(model, tok, prompts, max_new_tokens=8, temperature=0.8, top_p=0.95, top_k=20, seed=3)
+    rows = [(o.prompt_ids + o.completion_ids, [0] * len(o.prompt_ids) + [1] * len(o.completion_ids)) for o in outs]
+    trainer = sm.sampled_logprobs(model, rows, temperature=0.8, token_budget=4096, pad_id=tok.pad_token_id)
+    for o, lp in zip(outs, trainer):
+        assert len(o.logprobs) == len(o.completion_ids)
+        assert max(abs(x - y) for x, y in zip(o.logprobs, lp[len(o.prompt_ids):])) < 1e-4
