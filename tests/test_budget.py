@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 METHOD = ("train.py", "spade_mini.py", "envs.py", "sandbox.py", "regret.py")
 # 2,100 for the games setting; +50 for memory-sized play and torchrun (departure 20, docs/gpu.md); +250 for the
 # second setting, tool use (docs/tool_use.md): tool schemas and calls, their validation and solution replay (envs.py),
-# tool rounds in the rollout engine (spade_mini.py), the setting's plumbing
-BUDGET_LINES = 2400
+# tool rounds in the rollout engine (spade_mini.py), the setting's plumbing; +90 for validating that a designed game is
+# fair (envs.py): reset seeds drawn per program, solution() replayed in a second process, the fair-game guard
+BUDGET_LINES = 2490
 MAX_FUNCTION_LINES = 60
 PROJECT = {p.stem for p in ROOT.glob("*.py")}
 HEAVY = {"torch", "transformers", "peft", "matplotlib", "numpy", "bitsandbytes", "reasoning_gym", "sympy"}
