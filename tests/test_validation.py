@@ -313,3 +313,36 @@ if __name__ == "__main__":   # the table of docs/details.md, departure 29
         print(f"{name} | {on} | {off} | " + " | ".join(f"{rows[v]['designer_reward']:.3f}" for v in rows)
               + f" | {rows['regret']['designer_advantage']:+.2f}")
 
+
+# ----------------------------------------------------------------------------------------------------------
+# the copy check (issue 28 item 7): structure, not spelling. tests/copies/ holds copies of the prompt's example
+# made to evade a token comparison (copy_*.py) and new games built on the contract's skeleton (new_*.py)
+
+COPIES_DIR = Path(__file__).resolve().parent / "copies"
+COPIES = sorted(COPIES_DIR.glob("copy_*.py"))
+NEW_GAMES = sorted(COPIES_DIR.glob("new_*.py")) + [p for p in sorted(EXAMPLES.glob("*.py")) if p.name != "pair_sum.py"] \
+    + sorted((EXAMPLES.parent / "bench" / "heldout").glob("*.py"))   # examples/pair_sum.py is the example itself
+
+
+@pytest.mark.parametrize("path", COPIES, ids=lambda p: p.stem)
+def test_a_renamed_reworded_or_reordered_copy_of_the_example_is_a_copy(path):
+    """Renaming seven locals scored 0.769 under the old token 3-gram cosine and passed; every copy here scores 1."""
+    import evaluate
+    example = envs.example_program()
+    assert evaluate.copy_similarity(path.read_text(), [example]) == 1.0
+    assert evaluate.copy_similarity(path.read_text(), [example[:1000]]) == 1.0   # a memory example is cut
+    (verdict,) = evaluate.reject_copies([path.read_text()], [envs.Verdict(True, "ok", "XEnv")], [[example]])
+    assert verdict.reason == "copy"
+
+
+def test_new_games_on_the_contracts_skeleton_are_not_copies():
+    """The example with sum swapped for product (0.931 under the old check: rejected) and 11 other games in the
+    same style stay below COPY_SIMILARITY against the example and against each other (as memory examples)."""
+    import evaluate
+    codes = {p.stem: p.read_text() for p in NEW_GAMES}
+    against_example = {name: evaluate.copy_similarity(code, [envs.example_program()]) for name, code in codes.items()}
+    assert max(against_example.values()) < evaluate.COPY_SIMILARITY, against_example
+    assert 0.85 < against_example["new_product"] < evaluate.COPY_SIMILARITY
+    for name, code in codes.items():
+        others = [other for key, other in codes.items() if key != name]
+        assert evaluate.copy_similarity(code, others) < evaluate.COPY_SIMILARITY, name
