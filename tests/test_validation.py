@@ -1,6 +1,7 @@
-"""Validation against games that are not fair (issue 28 item 6, issue 30 item 7): each hostile source below passed
-`validate` when it checked at the constant seeds 42 and 123. Each is now rejected with a reason, or earns no
-designer reward under the default variant (measured with `spade-mini score` on scripted plays).
+"""Validation against games that are not fair and contract breaks it used to miss: each hostile source below
+passed `validate` when it checked at the constant seeds 42 and 123. Each is now rejected with a reason, or earns
+no designer reward under the default variant (measured with `spade-mini score` on scripted plays). Then the copy
+check, on copies of the prompt's example and new games (tests/copies/).
 
 The scripted agent (measure): without the hint it plays probe-like actions; with the hint it plays what a hint
 that reads the source can state, solution()'s actions at seed 0 (a hint is written once, before the play seeds
@@ -165,7 +166,7 @@ EXPECTED = {"seed_gated": ("unsolvable", "unsolvable"), "trivial_but_42": ("triv
             "described_maze": ("unsolvable", "ok"), "described_steps": ("unsolvable", "ok"),
             "constant_answer": ("fixed_answer", "ok"), "lottery": ("unsolvable", "ok")}
 
-# issue 30: hidden state from the global random module (no observation shows it), and prints
+# contract breaks: hidden state from the global random module (no observation shows it), and prints
 GLOBAL_RANDOM = r'''
 import random, re
 
@@ -315,13 +316,13 @@ if __name__ == "__main__":   # the table of docs/details.md, departure 29
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the copy check (issue 28 item 7): structure, not spelling. tests/copies/ holds copies of the prompt's example
+# the copy check: structure, not spelling. tests/copies/ holds copies of the prompt's example
 # made to evade a token comparison (copy_*.py) and new games built on the contract's skeleton (new_*.py)
 
 COPIES_DIR = Path(__file__).resolve().parent / "copies"
 COPIES = sorted(COPIES_DIR.glob("copy_*.py"))
-NEW_GAMES = sorted(COPIES_DIR.glob("new_*.py")) + [p for p in sorted(EXAMPLES.glob("*.py")) if p.name != "pair_sum.py"] \
-    + sorted((EXAMPLES.parent / "bench" / "heldout").glob("*.py"))   # examples/pair_sum.py is the example itself
+NEW_GAMES = (sorted(COPIES_DIR.glob("new_*.py")) + sorted((EXAMPLES.parent / "bench" / "heldout").glob("*.py"))
+             + [p for p in sorted(EXAMPLES.glob("*.py")) if p.name != "pair_sum.py"])   # pair_sum.py: the example
 
 
 @pytest.mark.parametrize("path", COPIES, ids=lambda p: p.stem)
