@@ -10,6 +10,7 @@ exist). `python tests/test_validation.py` prints the table of docs/details.md (d
 import functools
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -283,18 +284,17 @@ def plays(code: str) -> tuple[list[float], list[float]]:
     return [play(blind, s) for s in seeds], [play(told or blind, s) for s in seeds[:HINTED]]
 
 
-def measure(code: str, variant: str, tmp=Path("/tmp")) -> dict:
+def measure(code: str, variant: str) -> dict:
     """The game's row of `spade-mini score` for a window of one step where it shares its skill with an honest game
     (examples/guess.py, played by the same agent): reward and advantage."""
     rows = []
     for game in (code, (EXAMPLES / "guess.py").read_text()):
         unhinted, hinted = plays(game)
         rows.append({"skill": "Logical Deduction", "hung": False, "hinted": hinted, "unhinted": [unhinted]})
-    path = tmp / f"spade-score-{abs(hash((code, variant)))}.json"
-    path.write_text(json.dumps({"variant": variant, "window": 1, "mu_slow": {}, "envs": rows}))
-    out = _score(path)
-    path.unlink()
-    return out["envs"][0]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "window.json"
+        path.write_text(json.dumps({"variant": variant, "window": 1, "mu_slow": {}, "envs": rows}))
+        return _score(path)["envs"][0]
 
 
 def _score(path: Path) -> dict:
