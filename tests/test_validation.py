@@ -217,7 +217,7 @@ def test_a_lottery_with_a_replayable_solution_is_rejected_at_every_validation_se
     assert reasons[4].reason == "trivial" and "the seed decides" in reasons[4].detail, reasons[4]
 
 
-@pytest.mark.parametrize("code", [SEED_GATED, TRIVIAL_BUT_42])
+@pytest.mark.parametrize("code", [SEED_GATED, TRIVIAL_BUT_42], ids=["seed_gated", "trivial_but_42"])
 def test_the_validation_seeds_are_drawn_from_the_validation_seed_and_reproducible(code):
     """Over 8 validation seeds none is 42 or 123; the same validation seed gives the same verdict."""
     seeds = [s for k in range(8) for s in envs.validation_seeds(k)]
