@@ -247,13 +247,9 @@ def test_the_loop_validates_each_designed_program_at_a_validation_seed_of_its_ow
     assert seen == [([drawn[0], drawn[2]], True), ([drawn[1], drawn[3]], True)]
 
 
-def test_a_game_that_any_number_wins_is_trivial_and_a_lucky_first_probe_is_not():
-    """Two of the three probes win (`1` and `42`; `test` is no number): trivial at every validation seed. Cups (3
-    cups) whose first probe, cup 1, wins at some of these seeds stays valid."""
-    any_number = "import re\n" + TRIVIAL_BUT_42.replace(
-        r'self.seed != 42 or action == "\\boxed{open sesame}"', r're.fullmatch(r"\\boxed\{\d+\}", action) is not None')
-    assert "fullmatch" in any_number and "42" not in any_number
-    assert [envs.validate(any_number, LIMITS, seed=seed).reason for seed in range(3)] == ["trivial"] * 3
+def test_a_lucky_first_probe_is_not_trivial():
+    """Cups (3 cups) stays valid at the validation seeds where its first probe, cup 1, wins: at drawn seeds the old
+    rule (the first probe must not win) would refuse a game of k answers 1 time in k."""
     cups = (EXAMPLES / "cups.py").read_text()
     lucky = [seed for seed in range(12) if cli.play_scripted(cups, ["\\boxed{1}"], envs.validation_seeds(seed)[0],
                                                              TURNS, LIMITS)["return"] == 1.0]
