@@ -208,9 +208,8 @@ def validation_seeds(seed: int, n: int = 2) -> list[int]:
 
 def _game_trace(env: EnvProcess, seed: int, checks: dict[str, bool]) -> list[tuple]:
     """reset(seed), then the probe actions: the episode that has to replay identically. A game that every probe
-    wins, each as the first action of an episode (a win ends the episode and the next probe starts a new one), is
-    `trivial`: it is won whatever the action. One win is a lucky guess (cup 1 of 3), as likely at a drawn seed
-    as at any other."""
+    wins, each as the first action of an episode (a win ends the episode, the next probe starts another), is
+    `trivial`: won whatever the action. One win is a lucky guess (cup 1 of 3), as likely at any drawn seed."""
     trace: list[tuple] = [(_reset(env, seed),)]
     checks["reset"] = True
     wins = 0
