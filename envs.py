@@ -9,13 +9,15 @@ The contract (duck-typed; docs/method.md): a class whose name ends in `Env`, `__
 with its own defaults; the runner then caps max_turns, never raises it),
 `reset(seed) -> (obs, info)` (bare str tolerated), `step(action) -> (obs, reward, terminated, truncated,
 info)` with real bools, optional `solution()`. The same seed must give the same episode. Departures (the
-numbered list of docs/details.md): 7 and 17, the same-seed check and the two checks by execution.
+numbered list of docs/details.md): 7 and 17, the same-seed check and the two checks by execution; 29,
+the fair-game guard (--fair-games).
 
 The tool-use setting (`setting="tool_use"`) keeps that contract and adds `self.tools` (name -> {"description",
 "parameters": JSON Schema}) with one `tool_<name>(**arguments) -> str` per tool: the agent's `<tool_call>`s
 run in the sandbox (parse_tool_calls, check_tool_call), its `<answer>` goes to `step`; `solution()` lists the
 tool calls and ends with the answer.
 """
+import ast
 import dataclasses
 import hashlib
 import json
@@ -42,16 +44,17 @@ TOOL_SKILLS = ("API Orchestration", "Data Retrieval", "State Modification", "Err
                "Multi-Step Workflows")
 SETTINGS = ("games", "tool_use")
 PROBE_ACTIONS = ("\\boxed{1}", "\\boxed{test}", "\\boxed{42}")
-CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "step_types", "reward_range",
-          "not_trivial", "reset_123", "deterministic", "solvable")
-TOOL_CHECKS = ("size", "compiles", "env_class", "instantiates", "reset_42", "tools", "tools_callable",
-               "step_types", "reward_range", "not_trivial", "reset_123", "deterministic", "solvable")
+CHECKS = ("size", "compiles", "env_class", "instantiates", "reset", "step_types", "reward_range",
+          "not_trivial", "reset_other", "deterministic", "solvable", "fair_game")
+TOOL_CHECKS = ("size", "compiles", "env_class", "instantiates", "reset", "tools", "tools_callable",
+               "step_types", "reward_range", "not_trivial", "reset_other", "deterministic", "solvable")
 PROBE_ANSWER = "<answer>test</answer>"   # the tool-use probe action: after one call of every tool
 VERDICT_REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
                    "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable", "copy",
-                   "bad_tools", "tool_error", "timeout", "memory", "forbidden", "crash", "not_serializable",
-                   "protocol", "bad_reply")
+                   "fixed_answer", "bad_tools", "tool_error", "timeout", "memory", "forbidden", "crash",
+                   "not_serializable", "protocol", "bad_reply")
 WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
+ANSWER_SEEDS = 8           # fair games: solution() is read at this many drawn seeds; one answer at all is fixed
 MAX_CODE_BYTES = 256_000   # the paper's environments are 300-380 lines (~15 kB); megabytes are rejected unread
 REWARD_BOUND = 10.0        # validation: |reward| <= 10 and finite
 MEMORY_CODE_CHARS = 2000   # code of a memory example shown in the designer prompt
@@ -193,27 +196,40 @@ def _step(env: EnvProcess, action: str) -> tuple[str, float, bool, bool]:
     return obs, reward, terminated, truncated
 
 
-def _game_trace(env: EnvProcess, checks: dict[str, bool]) -> list[tuple]:
-    """reset(42), then the probe actions: the episode that has to replay identically. A game that the first
-    probe already wins is `trivial`."""
-    trace: list[tuple] = [(_reset(env, 42),)]
-    checks["reset_42"] = True
+def validation_seeds(seed: int, n: int = 2) -> list[int]:
+    """The reset seeds of one validation, drawn from its validation seed (train: one per designed program), so that
+    no program can test for them as it could for constants; the same validation seed gives the same verdict.
+
+    >>> validation_seeds(0, 2) == validation_seeds(0, 2) != validation_seeds(1, 2)
+    True
+    """
+    return [derive_seed(seed, 0, "validate", i) for i in range(n)]
+
+
+def _game_trace(env: EnvProcess, seed: int, checks: dict[str, bool]) -> list[tuple]:
+    """reset(seed), then the probe actions: the episode that has to replay identically. A game that every probe
+    wins, each as the first action of an episode (a win ends the episode, the next probe starts another), is
+    `trivial`: won whatever the action. One win is a lucky guess (cup 1 of 3), as likely at any drawn seed."""
+    trace: list[tuple] = [(_reset(env, seed),)]
+    checks["reset"] = True
+    wins = 0
     for action in PROBE_ACTIONS:
         trace.append(_step(env, action))
-        if len(trace) == 2 and trace[1][2] and trace[1][1] >= WIN_REWARD:
-            raise Rejected("trivial", f"the first probe action {action!r} already wins (reward {trace[1][1]})")
+        wins += trace[-1][2] and trace[-1][1] >= WIN_REWARD
         if trace[-1][2] or trace[-1][3]:
-            # subtle: a later probe can win (a secret number 42); start over rather than step a finished episode
-            trace.append((_reset(env, 42),))
+            # subtle: one probe can win (a secret number 42, cup 1); start over rather than step a finished episode
+            trace.append((_reset(env, seed),))
+    if wins == len(PROBE_ACTIONS):
+        raise Rejected("trivial", f"every probe action {PROBE_ACTIONS} wins as the first action at seed {seed}")
     checks["step_types"] = checks["reward_range"] = checks["not_trivial"] = True
     return trace
 
 
-def _tool_trace(env: EnvProcess, checks: dict[str, bool]) -> list:
-    """reset(42), the tools, one schema-valid call of every tool (none may raise), then the probe answer: the
+def _tool_trace(env: EnvProcess, seed: int, checks: dict[str, bool]) -> list:
+    """reset(seed), the tools, one schema-valid call of every tool (none may raise), then the probe answer: the
     episode that has to replay identically. An answer that already wins after them is `trivial`."""
-    trace: list = [(_reset(env, 42),)]
-    checks["reset_42"] = True
+    trace: list = [(_reset(env, seed),)]
+    checks["reset"] = True
     try:
         tools = parse_tools(env.call(":tools"))
     except (ContractError, SandboxError) as err:
@@ -373,76 +389,147 @@ def solution_calls(raw) -> list | None:
     return list(raw) if all(isinstance(item, str) or is_call(item) for item in raw) else None
 
 
-def _solvable(code: str, max_turns: int, limits: Limits, setting: str = "games") -> bool | None:
-    """Replay solution() in a fresh instance after reset(42) and after reset(123): it must reach
-    terminated=True with reward >= 0.999 within max_turns (tool calls take no turn). None (skipped) without a
-    usable solution()."""
-    plan_of = solution_calls if setting == "tool_use" else solution_actions
-    with open_env(code, max_turns, limits) as env:
-        turns = env.max_turns or max_turns
-        for seed in (42, 123):
-            _reset(env, seed)
-            try:
-                actions = plan_of(env.call("solution"))
-            except SandboxError as err:
-                if err.reason == "error" and err.detail.startswith("AttributeError") and "solution" in err.detail:
-                    return None         # no solution() at all
-                raise Rejected("unsolvable" if err.reason == "error" else err.reason,
-                               f"solution() after reset({seed}): {err.detail}") from None
-            if actions is None:
-                return None             # a goal description, or not an action list: nothing to replay
-            won, taken = False, 0
-            for action in actions:
-                if isinstance(action, dict):
-                    tool_result(_call(env, "tool", ":tool", action["name"], action["arguments"]))
-                    continue
-                _, reward, terminated, truncated = _step(env, action)
-                won, taken = terminated and reward >= WIN_REWARD, taken + 1
-                if terminated or truncated or taken >= turns:
-                    break
-            if not won:
-                raise Rejected("unsolvable", f"solution() after reset({seed}) does not win within {turns} turns")
+def _solution(env: EnvProcess, seed: int):
+    """solution() of the episode in progress as it comes back from the sandbox; None when there is none at all."""
+    try:
+        return env.call("solution")
+    except SandboxError as err:
+        if err.reason == "error" and err.detail.startswith("AttributeError") and "solution" in err.detail:
+            return None
+        raise Rejected("unsolvable" if err.reason == "error" else err.reason,
+                       f"solution() after reset({seed}): {err.detail}") from None
+
+
+def _play(env: EnvProcess, actions: list, turns: int) -> tuple[list, bool]:
+    """Step the actions (tool calls take no turn) until the episode ends or `turns` turns: (every result, won?)."""
+    trace, won, taken = [], False, 0
+    for action in actions:
+        if isinstance(action, dict):
+            trace.append(tool_result(_call(env, "tool", ":tool", action["name"], action["arguments"])))
+            continue
+        trace.append(_step(env, action))
+        _, reward, terminated, truncated = trace[-1]
+        won, taken = terminated and reward >= WIN_REWARD, taken + 1
+        if terminated or truncated or taken >= turns:
+            break
+    return trace, won
+
+
+def _play_solution(env: EnvProcess, seed: int, turns: int, setting: str) -> tuple[list | None, list, bool]:
+    """reset(seed), solution() and its actions played: (the actions, None when there are none to replay; the
+    episode: every observation, reward and tool output; won?)."""
+    obs, raw = _reset(env, seed), _solution(env, seed)
+    actions = (solution_calls if setting == "tool_use" else solution_actions)(raw)
+    trace, won = _play(env, actions or [], turns)
+    return actions, [(obs,), *trace], won
+
+
+def _fair_game(env: EnvProcess, seed: int, actions: list | None, turns: int) -> bool:
+    """The fair-game guard (departure 29, --fair-games): a designed game must give solution() as \\boxed{} actions
+    (else it may be never winnable), lose when each probe action takes their place (else the seed decides it) and
+    have an answer that changes with the seed (else a hint that reads the source can state it)."""
+    if actions is None:
+        raise Rejected("unsolvable", "fair games: solution() gives no \\boxed{} action sequence to replay")
+    taken = min(len(actions), turns)
+    if all(_reset(env, seed) and _play(env, [probe] * taken, turns)[1] for probe in PROBE_ACTIONS):
+        raise Rejected("trivial", f"fair games: each probe action taken {taken} times wins at seed {seed}, as "
+                                  "solution() does: the seed decides the game, not the actions")
+    answers = {tuple(" ".join(a.split()) for a in solution_actions(_reset(env, other) and _solution(env, other)) or ())
+               for other in validation_seeds(seed, ANSWER_SEEDS)}
+    if len(answers) == 1:
+        raise Rejected("fixed_answer", f"fair games: solution() is {actions[:4]} at all {ANSWER_SEEDS} seeds "
+                                       "tried: a hint that reads the source can state the answer")
     return True
 
 
-def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int = 12,
-             setting: str = "games") -> Verdict:
+def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int = 12, setting: str = "games",
+             seed: int = 0, fair_games: bool = True) -> Verdict:
     """Run SPADE's validation checks on a program, all of them inside the sandbox; never raises on bad code.
 
     Order: size/encoding (read, never run) -> compiles -> *Env class -> instantiates (its own defaults, then
-    max_turns capped) -> reset(42) -> 3 probe steps (types, reward range; the first must not win) ->
-    reset(123) -> the reset(42)+probes episode replayed in the same instance (state kept across resets) and
-    in a fresh process (clock, id(), global random) -> solution() replayed after reset(42) and reset(123).
+    max_turns capped) -> reset(a) -> 3 probe steps (types, reward range; not all may win) -> reset(b)
+    and its probes -> the reset(a)+probes episode replayed in the same instance (state kept across resets) and
+    in a fresh process (clock, id(), global random) -> solution() played after reset(a) in the fresh process, its
+    actions replayed in the first, every observation and reward compared (hidden state no probe shows) -> it
+    must win at a and at b -> the fair-game guard (games only). a and b are drawn from `seed` (validation_seeds).
     tool_use: the probes are one schema-valid call of every tool, then one answer (_tool_trace).
     """
     checks: dict[str, bool | None] = dict.fromkeys(TOOL_CHECKS if setting == "tool_use" else CHECKS, False)
-    _trace = _tool_trace if setting == "tool_use" else _game_trace
     class_name = turns = None
     try:
         code = _readable(code)
         checks["size"] = True
-        with _open_checked(code, max_turns, limits, checks) as env:
+        with _open_checked(code, max_turns, limits, checks) as env, \
+                _open_checked(code, max_turns, limits, checks) as fresh_env:
             class_name, turns = env.class_name, env.max_turns
-            first = _trace(env, checks)
-            _reset(env, 123)
-            checks["reset_123"] = True
-            again = _trace(env, checks)
-        with _open_checked(code, max_turns, limits, checks) as env:
-            fresh = _trace(env, checks)
-        for where, other in (("after a re-reset in the same instance", again), ("in a fresh process", fresh)):
-            if other != first:
-                raise Rejected("nondeterministic", f"reset(42) + probes differ {where}: {_difference(first, other)}")
-        checks["deterministic"] = True
-        checks["solvable"] = _solvable(code, max_turns, limits, setting)
+            seeds = validation_seeds(seed)
+            _same_episodes(env, fresh_env, seeds, _tool_trace if setting == "tool_use" else _game_trace, checks)
+            actions = _solution_checks(env, fresh_env, seeds, turns or max_turns, setting, checks)
+            if "fair_game" in checks:
+                checks["fair_game"] = _fair_game(fresh_env, seeds[0], actions, turns or max_turns) if fair_games \
+                    else None
     except Rejected as err:
         return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns)
-    return Verdict(True, "ok", class_name, checks, max_turns=turns)
+    return Verdict(True, "ok", class_name, checks, _print_note(code), turns)
 
 
-def validate_many(codes: list[str | None], limits: Limits, max_turns: int, setting: str = "games") -> list[Verdict]:
-    """validate() of several programs at once (None = no code block); each runs in its own child processes."""
+def _same_episodes(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], trace, checks: dict) -> None:
+    """The probe episode at seed a, then at b, then at a again in the same instance and at a in a fresh process:
+    the two replays must equal the first (`nondeterministic` otherwise)."""
+    a, b = seeds
+    first = trace(env, a, checks)
+    trace(env, b, checks)
+    checks["reset_other"] = True
+    for where, other in (("after a re-reset in the same instance", trace(env, a, checks)),
+                         ("in a fresh process", trace(fresh_env, a, checks))):
+        if other != first:
+            raise Rejected("nondeterministic", f"reset({a}) + probes differ {where}: {_difference(first, other)}")
+
+
+def _solution_checks(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], turns: int, setting: str,
+                     checks: dict) -> list | None:
+    """solution()'s episode at seed a in the fresh process, its actions replayed in the first one: every observation
+    and reward must agree (hidden state that no probe shows, e.g. a secret from the global random module); then
+    it must win at a and at b (`unsolvable`). Returns its actions at a (None: nothing to replay, skipped)."""
+    a, b = seeds
+    actions, played, won = _play_solution(fresh_env, a, turns, setting)
+    replayed = [(_reset(env, a),), *_play(env, actions or [], turns)[0]]
+    if replayed != played:
+        raise Rejected("nondeterministic", f"reset({a}) + the actions of solution() differ in another process: "
+                                           f"{_difference(played, replayed)}")
+    checks["deterministic"] = True
+    if actions is not None and not won:
+        raise Rejected("unsolvable", f"solution() after reset({a}) does not win within {turns} turns")
+    actions_b, _, won_b = _play_solution(fresh_env, b, turns, setting)
+    if actions_b is not None and not won_b:
+        raise Rejected("unsolvable", f"solution() after reset({b}) does not win within {turns} turns")
+    checks["solvable"] = None if actions is None else True
+    return actions
+
+
+def _print_note(code: str) -> str:
+    """A valid program's verdict detail when it calls print(): the sandbox's stdout is /dev/null (docs/score.md).
+
+    >>> _print_note("print(1)")[:22], _print_note("x = 1")
+    ('note: it calls print()', '')
+    """
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError):
+        return ""
+    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print" for n in ast.walk(tree)):
+        return "note: it calls print(), whose output is dropped (stdout is /dev/null), in validation and in play"
+    return ""
+
+
+def validate_many(codes: list[str | None], limits: Limits, max_turns: int, setting: str = "games",
+                  seeds: list[int] | None = None, fair_games: bool = True) -> list[Verdict]:
+    """validate() of several programs at once (None = no code block), each at its validation seed (default 0);
+    each runs in its own child processes."""
+    seeds = [0] * len(codes) if seeds is None else seeds
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        return list(pool.map(lambda code: validate(code, limits, max_turns, setting), codes))
+        return list(pool.map(lambda job: validate(job[0], limits, max_turns, setting, job[1], fair_games),
+                             zip(codes, seeds)))
 
 
 def load_folder(folder: str, flag: str, limits: Limits, max_turns: int,
@@ -455,7 +542,8 @@ def load_folder(folder: str, flag: str, limits: Limits, max_turns: int,
     files = sorted(Path(folder).glob("*.py"))
     codes = [f.read_text(errors="replace") for f in files]
     valid, rejected = [], {}
-    for f, code, verdict in zip(files, codes, validate_many(codes, limits, max_turns, setting)):
+    # note: the fair-game guard protects the designer's reward; these hand-written games earn none (departure 29)
+    for f, code, verdict in zip(files, codes, validate_many(codes, limits, max_turns, setting, fair_games=False)):
         if verdict.valid:
             valid.append((f.stem, code))
         else:

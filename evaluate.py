@@ -30,6 +30,8 @@ command line `spade-mini eval` is in cli.py), `environment_stats` (the `env/...`
 """
 from __future__ import annotations
 
+import ast
+import collections
 import dataclasses
 import math
 import re
@@ -262,21 +264,84 @@ def diversity(codes: list[str], n: int = 3) -> float:
     return vendi_score(k) / len(codes)
 
 
-COPY_SIMILARITY = 0.8   # a program this close to an example it was shown is a copy, not a new environment
+COPY_SIMILARITY = 0.95  # a program holding this share of the statements of an example it was shown is a copy
 
 
-def copy_similarity(code: str, references: list[str], n: int = 3) -> float:
-    """The largest cosine, under code_vectors' token n-grams, between a program and any of the references.
+class _Anonymous(ast.NodeTransformer):
+    """Spelling out, structure kept: every name, attribute, argument and keyword becomes `_`, every literal the
+    empty value of its type (an f-string an empty string)."""
 
-    A verbatim copy scores 1.0 whatever its whitespace; renaming the class or one constant barely moves it.
-    >>> copy_similarity("x = 1 + 2", ["x = 1 + 2", "y"]), copy_similarity("x = 1 + 2", [])
-    (1.0, 0.0)
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name("_", node.ctx), node)
+
+    def visit_arg(self, node):
+        node.arg, node.annotation = "_", None
+        return node
+
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        node.attr = "_"
+        return node
+
+    def visit_keyword(self, node):
+        self.generic_visit(node)
+        node.arg = node.arg and "_"
+        return node
+
+    def visit_Constant(self, node):
+        kind = type(node.value)
+        blank = kind() if kind in (int, float, complex, str, bytes, bool) else None
+        return ast.copy_location(ast.Constant(blank), node)
+
+    def visit_JoinedStr(self, node):
+        return ast.copy_location(ast.Constant(""), node)
+
+
+def statement_shapes(code: str) -> collections.Counter:
+    """The statements of a program with their spelling taken out (_Anonymous), counted: a simple statement as
+    ast.unparse writes it, a compound one by its kind and head (`If: _ == _`); docstrings dropped. Comments,
+    formatting, redundant parentheses and the order of methods do not show. Code that does not parse (a memory
+    example cut at MEMORY_CODE_CHARS) counts by its longest prefix of whole lines that does; a cut that happens
+    to parse (`parts = match` of `parts = match.group(1)`) adds one statement that a copy lacks.
+
+    >>> statement_shapes("total = a + b\\nif total > 3:\\n    print('big')\\n")
+    Counter({'_ = _ + _': 1, 'If: _ > 0': 1, "_('')": 1})
     """
-    if not references:
-        return 0.0
-    x = code_vectors([code, *references], n)             # (1 + R, vocabulary)
-    size = np.maximum(x.sum(axis=1), 1.0)                 # (1 + R,)
-    return float(((x[1:] @ x[0]) / np.sqrt(size[0] * size[1:])).max())
+    lines = code.splitlines()
+    tree = ast.Module([], [])
+    for end in range(len(lines), 0, -1):
+        try:
+            tree = ast.parse("\n".join(lines[:end]))
+            break
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+    shapes: collections.Counter = collections.Counter()
+    for node in ast.walk(_Anonymous().visit(tree)):
+        if not isinstance(node, ast.stmt) or isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if hasattr(node, "body"):
+            head = [getattr(node, f) for f in ("test", "target", "iter", "args", "bases") if hasattr(node, f)]
+            shapes[type(node).__name__ + ": " + " ".join(
+                ast.unparse(h) if isinstance(h, ast.AST) else str(len(h)) for h in head)] += 1
+        else:
+            shapes[ast.unparse(node)] += 1
+    return shapes
+
+
+def copy_similarity(code: str, references: list[str]) -> float:
+    """The largest share, over the references, of a reference's statements that the program holds too
+    (statement_shapes, counted with multiplicity): 1.0 for a copy however renamed, reworded, reordered or
+    reformatted, or with statements added; a game that changes the example's logic (sum -> product: 3 of its
+    32 statements) scores below COPY_SIMILARITY.
+
+    >>> copy_similarity("x = 1 + 2\\ny = x\\n", ["a = 7 + 8\\nb = a\\n"])
+    1.0
+    >>> copy_similarity("x = 1 * 2\\ny = x\\n", ["a = 1 + 2\\nb = a\\n"]), copy_similarity("x = 1\\n", [])
+    (0.5, 0.0)
+    """
+    shapes = statement_shapes(code)
+    shares = [sum((shapes & ref).values()) / max(1, sum(ref.values())) for ref in map(statement_shapes, references)]
+    return max(shares, default=0.0)
 
 
 def reject_copies(codes: list, verdicts: list, shown: list[list[str]]) -> list:

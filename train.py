@@ -199,7 +199,10 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
                                    **sample_kwargs(cfg))
         runs.fault_point("generate", step)
         codes = [envs.extract_code(envs.after_thinking(o.text)) for o in outs]
-        verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting),
+        # the validation seeds are drawn per program (envs.validation_seeds), so that no program can test for them
+        seeds = [envs.derive_seed(cfg.seed, step, "validate", g * cfg.design_attempts + attempt) for g in slots]
+        verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting,
+                                                                    seeds, cfg.fair_games),
                                           shown)   # a repeat of an example in the prompt is no new environment
         valid = [o for o, v in zip(outs, verdicts) if v.valid]   # trained R - 1 updates later: TIS needs these
         logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(

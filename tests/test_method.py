@@ -94,7 +94,7 @@ def test_max_turns_is_capped_never_raised():
 
 
 def test_an_environment_without_the_max_turns_keyword_loads_with_its_own_defaults():
-    verdict = envs.validate(NO_KEYWORD_ENV, max_turns=4)
+    verdict = envs.validate(NO_KEYWORD_ENV, max_turns=4, fair_games=False)   # its answer is a constant
     assert verdict.valid, verdict
     assert verdict.max_turns == 4 and verdict.checks["solvable"] is True
 
@@ -115,7 +115,7 @@ class MastermindEnv(Env):
         won = action == "\\\\boxed{%d}" % self.secret
         return ("yes" if won else "no"), float(won), won, False, {}
 '''
-    verdict = envs.validate(code)
+    verdict = envs.validate(code, fair_games=False)   # no solution(): the guard would ask for one
     assert verdict.valid and verdict.class_name == "MastermindEnv", verdict
 
 
@@ -132,7 +132,7 @@ class ForgetfulEnv:
         self.seen.append(action)
         return "ok", 0.0, False, len(self.seen) >= 3, {}
 '''
-    assert envs.validate(code).valid
+    assert envs.validate(code, fair_games=False).valid
 
 
 def test_a_game_the_first_probe_wins_is_trivial():
@@ -153,9 +153,9 @@ def test_a_solution_that_does_not_win_is_unsolvable():
 def test_without_an_action_sequence_the_solvable_check_is_skipped(solution):
     """No solution(), a goal description (allowed by the official contract), a non-action value, or actions
     mixed with a step that depends on an observation (replayed literally, they would lose): skipped, reported
-    as None (`skip`), never a rejection."""
+    as None (`skip`), never a rejection without the fair-game guard (with it: test_validation.py)."""
     body = "" if solution is None else f"\n    def solution(self):\n        return {solution}\n"
-    verdict = envs.validate(NO_KEYWORD_ENV.split("    def solution")[0] + body)
+    verdict = envs.validate(NO_KEYWORD_ENV.split("    def solution")[0] + body, fair_games=False)
     assert verdict.valid and verdict.checks["solvable"] is None, verdict
 
 
@@ -285,7 +285,7 @@ class LockerEnv:
         won = action == "\\\\boxed{%d}" % self.code
         return ("open" if won else "shut"), float(won), won, False, {}
 '''
-    verdict = envs.validate(code)
+    verdict = envs.validate(code, fair_games=False)
     assert verdict.valid and verdict.class_name == "LockerEnv", verdict
 
 
@@ -298,7 +298,9 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
         models.Completion(p, [3], answers["designer" if p == [1] else "hint"], True) for p in prompts])
     monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: [[0.0] * len(ids) for ids, _ in rows])
-    st = SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, thinking=True), corpus=["a doc"],
+    # fair_games off: PlainEnv's answer is a constant, which the fair-game guard refuses (fixed_answer)
+    st = SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, thinking=True, fair_games=False),
+                         corpus=["a doc"],
                          memory=envs.Memory("/nonexistent/m.json"), tok=SimpleNamespace(pad_token_id=0), model=None)
     (attempt,) = train.design(st, 0, ["Optimization"])
     assert attempt.verdict.valid and attempt.verdict.class_name == "PlainEnv"
