@@ -1221,3 +1221,17 @@ def test_no_page_cache_channel_between_two_live_environments():
         receiver.send("reset", 0)
         first, second = sender.receive()[0], receiver.receive()[0]
     assert first == second == [errno.EPERM] * 3, (first, second)
+
+
+def test_the_step_line_of_a_step_whose_designs_failed_with_hostile_text_is_one_inert_line(capsys):
+    """train's step line names the designer's rejections by reason only (one of VERDICT_REASONS), never a detail."""
+    from types import SimpleNamespace
+    import envs
+    import runs
+    verdicts = [envs.validate(code, Limits(call_timeout=2.0)) for code in (SURROGATE, FORGING)]
+    window = SimpleNamespace(attempts=[SimpleNamespace(verdict=v) for v in verdicts], skills=["Optimization"],
+                             start=0, length=1, envs=[])
+    runs.print_step(runs.step_metrics(0, window, [], True, False, {"loss/grad_norm": None, "perf/step_s": 1.0}))
+    out = capsys.readouterr().out
+    assert printable(out, newlines=True) and len(out.splitlines()) == 1, out
+    assert "(2 reset_error)" in out
