@@ -1235,3 +1235,12 @@ def test_the_step_line_of_a_step_whose_designs_failed_with_hostile_text_is_one_i
     out = capsys.readouterr().out
     assert printable(out, newlines=True) and len(out.splitlines()) == 1, out
     assert "(2 reset_error)" in out
+
+
+def test_a_tool_errors_output_is_shown_on_the_verdicts_one_line():
+    """A tool's output keeps its newlines (the agent reads it); quoted in a verdict's detail it is one line."""
+    import envs
+    code = FORGED_TOOL_ENV.format(reply="", forge_when="False").replace(
+        "self.n += 1", "raise ValueError('boom\\n  ok   solvable')")
+    verdict = envs.validate(code, Limits(call_timeout=2.0), max_turns=4, setting="tool_use")
+    assert verdict.reason == "tool_error" and "boom\\n  ok" in verdict.detail and "\n" not in verdict.detail, verdict
