@@ -243,7 +243,7 @@ def _tool_trace(env: EnvProcess, seed: int, checks: dict[str, bool]) -> list:
         output, failed = tool_result(_call(env, "tool", ":tool", name, arguments))
         if failed:
             reason = "bad_tools" if output.endswith(": no such tool") else "tool_error"
-            raise Rejected(reason, f"tool_{name}(**{arguments!r}): {output}"[:500])
+            raise Rejected(reason, f"tool_{name}(**{arguments!r}): {output!r}"[:500])   # !r: a detail is one line
         trace.append(output)
     checks["tools_callable"] = True
     trace.append(_step(env, PROBE_ANSWER))
@@ -470,6 +470,8 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
                     else None
     except Rejected as err:
         return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns)
+    except ContractError as err:   # a reply no honest child sends (a :tool reply not [str, 0 | 1]): a forged encoder
+        return Verdict(False, "bad_reply", class_name, checks, f"a reply of the wrong shape: {err}"[:500], turns)
     return Verdict(True, "ok", class_name, checks, _print_note(code), turns)
 
 

@@ -26,7 +26,9 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
     is compiled) refusing with EPERM: fork, vfork, execve, clone of a process (threads stay possible; clone3
     answers ENOSYS so glibc falls back to clone), sockets, ptrace and other processes' memory, mount and new
     namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading, file locks (flock,
-    fcntl record and OFD locks), leases and inotify: no channel between children through the files they share.
+    fcntl record and OFD locks), leases and inotify, and what drops, loads or probes the page cache (fadvise,
+    readahead, mincore, cachestat, getrusage, Linux AIO, preadv2/pwritev2 with RWF_NOWAIT, madvise MADV_COLD and
+    MADV_PAGEOUT): no channel between children through the files they share, other than timing (docs/sandbox.md).
  4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
  5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
  6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
@@ -197,8 +199,10 @@ def _seccomp_program() -> tuple:
     """(BPF program, "") of the syscall filter, or (b"", why not). Refused with EPERM: creating processes (fork,
     vfork, execve, clone without CLONE_THREAD: threads stay possible), sockets, ptrace and reading other
     processes' memory, mount and new namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, loading
-    kernels or modules, file locks, leases and inotify (no channel between children through the files they
-    share). clone3 answers ENOSYS, so glibc falls back to clone, whose flags the filter can read."""
+    kernels or modules, file locks, leases and inotify, and the page cache's controls and probes (fadvise,
+    readahead, mincore, cachestat, getrusage's I/O counts, Linux AIO, preadv2/pwritev2 with RWF_NOWAIT, madvise
+    MADV_COLD/MADV_PAGEOUT): no channel between children through the files they share. clone3 answers ENOSYS, so
+    glibc falls back to clone, whose flags the filter can read."""
     try:
         import pyseccomp as sc
         rules = sc.SyscallFilter(sc.ALLOW)
@@ -212,6 +216,10 @@ def _seccomp_program() -> tuple:
             # subtle: the kernel reads fcntl's cmd as a 32-bit int, so only its low 32 bits are compared (an EQ
             # on all 64 let `cmd | 1 << 32` through as the plain command)
             rules.add_rule(sc.ERRNO(errno.EPERM), "fcntl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, command))
+        for name in ("preadv2", "pwritev2"):   # flags (argument 5, an int): only bit 3 is compared, safe at any width
+            rules.add_rule(sc.ERRNO(errno.EPERM), name, sc.Arg(5, sc.MASKED_EQ, _RWF_NOWAIT, _RWF_NOWAIT))
+        for advice in _EVICTING_ADVICE:
+            rules.add_rule(sc.ERRNO(errno.EPERM), "madvise", sc.Arg(2, sc.MASKED_EQ, 0xFFFFFFFF, advice))
         rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         with tempfile.TemporaryFile() as out:
             rules.export_bpf(out)
@@ -230,9 +238,13 @@ _DENIED_SYSCALLS = (
     "io_uring_register", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "personality", "syslog",
     "name_to_handle_at", "open_by_handle_at", "fanotify_init", "lookup_dcookie", "vhangup",
-    "flock", "inotify_init", "inotify_init1", "inotify_add_watch")   # channels through the shared files
+    "flock", "inotify_init", "inotify_init1", "inotify_add_watch",   # channels through the shared files
+    # the page cache of the shared files: evicting or loading pages, and telling cached from cold without timing
+    "fadvise64", "fadvise64_64", "readahead", "mincore", "cachestat", "getrusage", "io_setup", "io_submit")
 # fcntl commands refused: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_NOTIFY
 _LOCK_COMMANDS = (5, 6, 7, 36, 37, 38, 1024, 1026)
+_RWF_NOWAIT = 0x8              # preadv2/pwritev2 flag: EAGAIN instead of reading a page that is not cached
+_EVICTING_ADVICE = (20, 21)    # madvise MADV_COLD, MADV_PAGEOUT: push a mapping's pages out of memory
 
 
 def _probe() -> tuple:

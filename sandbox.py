@@ -8,6 +8,8 @@ This module is the protocol: start an instance, send a request, wait for its rep
 A deadline is call_timeout or what is left of the instance's wall budget (WALL_BUDGET_CALLS x call_timeout).
 Each request carries a fresh nonce its reply must echo under a length header bounded by max_message_bytes
 ('protocol'), and every reply is decoded as hostile data ('bad_reply'), so no reply can crash the caller.
+Every text an environment sends is made inert once, here, as its reply is decoded (inert): nothing downstream
+(a print, a JSONL line, an HTML page) can fail on it or be moved about by it.
 Under it, isolation.py builds (and its docstring tells in full) bwrap's namespaces and minimal filesystem, a uid
 of its own, a seccomp filter, rlimits, the SIGKILL of a missed deadline, a scrubbed environment and an audit hook.
 Out of process at all is departure 8 of docs/details.md; the loader's rules (13) are isolation._child_load's.
@@ -19,7 +21,8 @@ NOT covered:
    loads to install the filter (object.__subclasses__ reaches them), get past the hook and can switch it off;
    such code then meets layers 1-6 only. Where isolation_report() shows a kernel layer missing, those are weaker:
    without bwrap the host's files are readable (not writable); without the filter, only the namespaces hold.
- * The kernel's own bugs in the syscalls the filter allows; CPU and cache side channels; memory pressure up to
+ * The kernel's own bugs in the syscalls the filter allows; CPU side channels and timing through the page cache
+   (the filter refuses dropping, loading ahead and probing it without a clock; docs/sandbox.md); memory pressure up to
    RLIMIT_AS times the number of live children (the threads of one child share its RLIMIT_AS).
  * Env code can swap the child's reply encoder and instrument its own interpreter: it can forge only the reply
    to its own call in progress, whose result it controls anyway, and the parent decodes it as hostile data.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import secrets
 import select
 import shutil
@@ -190,8 +194,9 @@ class EnvProcess:
                 break
 
     def _fail(self, reason: str, detail: str) -> None:
-        """Record the outcome of the request in flight as a failure; only survivable ones keep the child."""
-        self._outcome = SandboxError(reason, detail)
+        """Record the outcome of the request in flight as a failure; only survivable ones keep the child.
+        Every failure's detail passes here, made inert as one line (what the child wrote in it included)."""
+        self._outcome = SandboxError(reason, inert(detail, one_line=True))
         if reason not in _SURVIVABLE:
             self._died_of = reason
             self.close()
@@ -227,7 +232,8 @@ class EnvProcess:
 
     def _accept(self, body: bytes) -> None:
         """Decode a reply as the hostile data it is: any failure, a value nested deeper than the child's encoder
-        allows or text that is not valid Unicode ends the call as 'bad_reply' (a forged or swapped encoder)."""
+        allows or text that is not valid Unicode ends the call as 'bad_reply' (a forged or swapped encoder).
+        Every text of the value, dict keys included, is made inert (_inert_value); a failure's detail in _fail."""
         try:
             reply = json.loads(body)
             # note: counting brackets is a quick upper bound on the depth (brackets in strings count too)
@@ -235,7 +241,7 @@ class EnvProcess:
                 raise ValueError(f"a reply nested deeper than {_MAX_DEPTH} levels")
             ok, reason, value = reply["ok"], reply.get("reason"), reply.get("value")
             detail = str(reply.get("detail", ""))[:500]
-            json.dumps(value, ensure_ascii=False).encode()   # e.g. a lone surrogate, which no tokenizer takes
+            value = _inert_value(value)
         except Exception as exc:   # RecursionError, ValueError, UnicodeError, TypeError, AttributeError, ...
             self._fail("bad_reply", f"{type(exc).__name__}: {str(exc)[:200]}")
             return
@@ -282,6 +288,68 @@ class EnvProcess:
         shutil.rmtree(self._dir, ignore_errors=True)
         isolation.release_uid(self._uid)
         _LIVE.discard(self)
+
+
+# Text an environment sends is made inert once, as its reply is decoded: a lone surrogate (no UTF-8 encoder
+# takes one: a print, a file or a page written later would fail) becomes U+FFFD in a failure's detail and fails a
+# value as 'bad_reply' (as ever: no tokenizer takes one either); a control character other than newline and tab
+# (in a detail, which is one line, those too), a line or paragraph separator and a bidi override or isolate are
+# shown as their escape (\x1b, \r, \u202e), so no text moves a terminal's cursor, erases a line or reorders what
+# is shown.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE_IN_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def inert(text: str, one_line: bool = False) -> str:
+    """text as it may be printed or written: lone surrogates as U+FFFD, control characters other than newline and
+    tab (one_line: those too), U+2028/U+2029 and bidi controls shown as their escape. Linear in len(text).
+
+    >>> inert("ok\\r\\x1b[2K valid\\ud800\\n"), inert("a\\nb\\tc", one_line=True), inert("plain text")
+    ('ok\\\\r\\\\x1b[2K valid\\ufffd\\n', 'a\\\\nb\\\\tc', 'plain text')
+    """
+    pattern = _UNSAFE_IN_LINE if one_line else _UNSAFE
+    return pattern.sub(_shown, text) if pattern.search(text) else text
+
+
+def _shown(match: re.Match) -> str:
+    char = match.group()
+    if "\ud800" <= char <= "\udfff":
+        return "\ufffd"
+    named, code = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char), ord(char)
+    return named or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def _inert_text(text: str) -> str:
+    if not _UNSAFE.search(text):
+        return text
+    if _SURROGATE.search(text):
+        raise ValueError("a lone surrogate in a reply's text")
+    return _UNSAFE.sub(_shown, text)
+
+
+def _inert_value(value):
+    """A decoded reply's value with every text made inert (see inert), its lists and dicts changed in place (they are
+    fresh from json.loads); ValueError for a lone surrogate. Iterative: the depth was bounded before.
+
+    >>> _inert_value(["a\\x1b[2K", {"k\\r": ["\\u202e"]}, 3])
+    ['a\\\\x1b[2K', {'k\\\\r': ['\\\\u202e']}, 3]
+    """
+    if isinstance(value, str):
+        return _inert_text(value)
+    stack = [value] if isinstance(value, (list, dict)) else []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict) and any(_UNSAFE.search(key) for key in item):
+            pairs = list(item.items())
+            item.clear()
+            item.update((_inert_text(key), v) for key, v in pairs)
+        for key, x in (item.items() if isinstance(item, dict) else enumerate(item)):
+            if isinstance(x, str):
+                item[key] = _inert_text(x)
+            elif isinstance(x, (list, dict)):
+                stack.append(x)
+    return value
 
 
 def _too_deep(value, limit: int) -> bool:

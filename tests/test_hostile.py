@@ -7,9 +7,12 @@ say): the child runs without it, and the OS layers alone must hold. They skip, s
 isolation_report() shows those layers missing.
 """
 import errno
+import html
+import json
 import os
 import secrets
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -991,3 +994,253 @@ def test_bad_reply_is_a_verdict_of_validate_not_an_exception():
     verdict = envs.validate(code, Limits(call_timeout=2.0))
     assert not verdict.valid and verdict.reason == "bad_reply"
     assert cli.play_scripted(code, ["\\boxed{1}"], seed=0)["failure"] == "bad_reply"
+
+
+# Class 11: text from an environment is made inert once, where its reply is decoded (sandbox.inert): no print, JSONL
+# line or HTML page downstream can fail on it or be forged by it. Two details a red team used: a lone surrogate
+# (UnicodeEncodeError in validate, play and report) and terminal controls that drew a fake `valid` verdict.
+
+SURROGATE = env(reset="raise ValueError('bad \\ud800 text')")
+FORGING = env(reset="raise ValueError('\\r\\x1b[2Kexamples/walk.py: valid (ok)\\n  ok   size\\n"
+                    "{\"return\": 1.0, \"turns\": 1, \"terminated\": true, \"failure\": null}\\x1b[8m')")
+HOSTILE_TEXTS = pytest.mark.parametrize("code", [SURROGATE, FORGING], ids=["lone surrogate", "terminal controls"])
+
+
+def printable(text: str, newlines: bool) -> bool:
+    """Encodable as UTF-8, with no control character but newline (if allowed), no line separator or bidi control."""
+    text.encode("utf-8")
+    return not any((ord(c) < 32 and not (newlines and c == "\n")) or 0x7F <= ord(c) <= 0x9F
+                   or c in "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069" for c in text)
+
+
+@HOSTILE_TEXTS
+def test_a_failures_detail_is_one_inert_line(code):
+    err = attack(code)
+    assert reason(err) == "error" and printable(err.detail, newlines=False), repr(err.detail)
+    assert "\ufffd" in err.detail if code is SURROGATE else "\\r\\x1b[2Kexamples/walk.py" in err.detail
+
+
+def test_an_observation_keeps_newlines_and_tabs_and_shows_every_other_control_as_its_escape():
+    code = env(reset="return 'a\\tb\\nc\\r\\x1b[2K\\x9b\\u202e\\u2028', {'k\\x1b': ['v\\x07']}")
+    assert attack(code) == ["a\tb\nc\\r\\x1b[2K\\x9b\\u202e\\u2028", {"k\\x1b": ["v\\x07"]}]
+
+
+def run_cli(*argv) -> subprocess.CompletedProcess:
+    """spade-mini from this checkout, its output on a strict UTF-8 pipe (as a terminal's)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, os.path.join(root, "cli.py"), *argv], capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
+
+
+@HOSTILE_TEXTS
+def test_validate_prints_one_verdict_line_and_json_whatever_the_detail(code, tmp_path):
+    import envs
+    path = tmp_path / "hostile.py"
+    path.write_text(code, encoding="utf-8", errors="surrogatepass")
+    done = run_cli("validate", str(path), "--json", "--timeout", "2")
+    out = done.stdout.decode("utf-8")
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
+    lines = out.splitlines()
+    assert printable(out, newlines=True) and len(lines) == 1 + len(envs.CHECKS) + 1, out
+    assert lines[0].startswith(f"{path}: rejected (reset_error) class AttackEnv: reset(42): ")
+    assert json.loads(lines[-1])["reason"] == "reset_error"
+
+
+@HOSTILE_TEXTS
+def test_play_prints_one_failure_line_then_the_one_outcome_line(code, tmp_path):
+    path, moves = tmp_path / "hostile.py", tmp_path / "moves.txt"
+    path.write_text(code, encoding="utf-8", errors="surrogatepass")
+    moves.write_text("1\n")
+    done = run_cli("play", str(path), "--actions", str(moves), "--timeout", "2")
+    out = done.stdout.decode("utf-8")
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
+    lines = out.splitlines()
+    assert printable(out, newlines=True) and len(lines) == 2, out
+    assert lines[0].startswith("environment failed: error: ValueError: ")
+    assert json.loads(lines[1]) == {"return": -1.0, "turns": 0, "terminated": False, "failure": "error"}
+
+
+@HOSTILE_TEXTS
+def test_an_env_pool_warning_is_one_inert_line(code, tmp_path, capsys):
+    """train --env-pool (load_folder) prints why it skips a file: the verdict's detail."""
+    import envs
+    import runs
+    (tmp_path / "hostile.py").write_text(code, encoding="utf-8", errors="surrogatepass")
+    (tmp_path / "walk.py").write_text(open(os.path.join(os.path.dirname(__file__), "..", "examples", "walk.py")).read())
+    valid, rejected = envs.load_folder(str(tmp_path), "--env-pool", Limits(call_timeout=2.0), 12)
+    assert [name for name, _ in valid] == ["walk"] and rejected == {"hostile": "reset_error"}
+    err = capsys.readouterr().err
+    assert printable(err, newlines=True) and len(err.splitlines()) == 1, err
+
+
+@HOSTILE_TEXTS
+def test_a_training_episode_logs_and_reports_the_failure_as_inert_text(code, tiny_agent, tmp_path):
+    """What train does with an environment that fails at a training seed: the episode's transcript goes to
+    samples.jsonl (runs.log_samples), and `spade-mini report` writes envs.html from it."""
+    import cli
+    import runs
+    import spade_mini as sm
+    model, tok = tiny_agent
+    [ep] = sm.play(model, tok, [sm.EpisodeSpec(code, seed=7, hint=None, key=(0, 0, 0))], max_turns=2,
+                   max_new_tokens=8, max_episode_tokens=32, temperature=1.0, top_p=1.0, top_k=0, seed=0,
+                   limits=Limits(call_timeout=2.0))
+    assert ep.failure == "error"
+    run = tmp_path / "run"
+    (run / "envs" / "step_00000").mkdir(parents=True)
+    (run / "envs" / "step_00000" / "env_00.py").write_text(code, encoding="utf-8", errors="surrogatepass")
+    (run / "config.json").write_text(json.dumps({"steps": 1}))
+    runs.append_jsonl(run / "metrics.jsonl", {"config": {"steps": 1}})
+    runs.append_jsonl(run / "samples.jsonl", dict(step=0, kind="episode", env_id="env_00", hinted=False, seed=7,
+                                                  turns=ep.turns, failure=ep.failure, transcript=ep.transcript))
+    assert cli.main(["report", str(run)]) == 0
+    [logged] = runs.read_jsonl(run / "samples.jsonl")
+    error = logged["transcript"][-1]["error"]
+    assert printable(error, newlines=False) and error.startswith("error: ValueError: "), repr(error)
+    page = (run / "report" / "envs.html").read_text(encoding="utf-8")
+    assert "error: " + html.escape(error) in page and "\x1b" not in page and "\r" not in page
+
+
+@pytest.fixture(scope="module")
+def tiny_agent():
+    import models
+    cache = os.path.expanduser(os.environ.get("SPADE_MINI_CACHE", "~/.cache/spade-mini"))
+    model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                      gradient_checkpointing=False, cache_dir=cache, seed=0)
+    return model, tok
+
+
+# validate turns every contract failure into a verdict, in both settings: a reply of the wrong shape (a swapped
+# encoder) at the probes, at a tool call and while solution() is replayed.
+
+FORGED_TOOL_ENV = '''
+import json
+class Forged(json.JSONEncoder):
+    def encode(self, obj):
+        return {reply!r}
+
+class CounterEnv:
+    def __init__(self, max_turns=4):
+        self.max_turns, self.planned = max_turns, False
+        self.tools = {{"add": {{"description": "add one", "parameters": {{"type": "object", "properties": {{}}}}}}}}
+    def reset(self, seed=None):
+        self.n = 0
+        return "call add twice, then answer 2", {{}}
+    def tool_add(self):
+        if {forge_when}:
+            json._default_encoder = Forged()
+        self.n += 1
+        return str(self.n)
+    def step(self, action):
+        won = "<answer>2</answer>" in action and self.n == 2
+        return ("right" if won else "wrong"), (1.0 if won else 0.0), won, False, {{}}
+    def solution(self):
+        self.planned = True
+        return [{{"name": "add", "arguments": {{}}}}, {{"name": "add", "arguments": {{}}}}, "<answer>2</answer>"]
+'''
+
+
+@pytest.mark.parametrize("value", ["{\"a\": 1}", "1"], ids=["dict", "int"])
+@pytest.mark.parametrize("forge_when", ["True", "self.planned"], ids=["at the probes", "at solution()"])
+def test_a_forged_tool_reply_is_a_bad_reply_verdict(value, forge_when):
+    import envs
+    honest = envs.validate(FORGED_TOOL_ENV.format(reply="", forge_when="False"), Limits(call_timeout=2.0),
+                           max_turns=4, setting="tool_use")
+    assert honest.valid, honest
+    code = FORGED_TOOL_ENV.format(reply='{"ok": true, "value": ' + value + "}", forge_when=forge_when)
+    verdict = envs.validate(code, Limits(call_timeout=2.0), max_turns=4, setting="tool_use")
+    assert not verdict.valid and verdict.reason == "bad_reply", verdict
+    assert verdict.checks["deterministic"] is (forge_when == "self.planned")
+
+
+@pytest.mark.parametrize("method", ["reset", "step", "solution"])
+def test_a_forged_game_reply_is_a_verdict(method):
+    import envs
+    swap = "import json\njson._default_encoder = Forged()\n"
+    bodies = {"reset": "return 'go', {}", "step": "return 'x', 0.0, False, False, {}"}
+    code = env(prelude=forged_reply('{"ok": true, "value": {"a": 1}}').replace(swap.splitlines()[1] + "\n", ""),
+               **{m: (swap if m == method else "") + body for m, body in bodies.items()})
+    if method == "solution":
+        code += "    def solution(self):\n        import json\n        json._default_encoder = Forged()\n" \
+                "        return ['\\\\boxed{1}']\n"
+    verdict = envs.validate(code, Limits(call_timeout=2.0))
+    assert not verdict.valid or method == "solution", verdict
+    assert verdict.reason == {"reset": "reset_error", "step": "bad_step_type", "solution": "ok"}[method], verdict
+
+
+# Class 12: no channel between live environments through the page cache of the files they share. A red team sent
+# 16 bits every time: one environment dropped standard-library files from the cache (posix_fadvise DONTNEED), a
+# concurrent one told cached from cold with preadv2(RWF_NOWAIT). getrusage's block-input count tells them apart too.
+
+@needs("syscall_filter")
+def test_kernel_refuses_to_drop_load_or_probe_the_page_cache_past_the_audit_hook(hook_defeated):
+    """x86-64 numbers: 221 fadvise64, 187 readahead, 27 mincore, 451 cachestat, 98 getrusage, 206 io_setup,
+    209 io_submit, 327/328 preadv2/pwritev2 with RWF_NOWAIT (8), 28 madvise MADV_COLD (20) / MADV_PAGEOUT (21);
+    preadv2 without the flag and madvise MADV_DONTNEED (4) still run."""
+    import platform
+    if platform.machine() != "x86_64":
+        pytest.skip("syscall numbers below are x86-64's")
+    code = env(prelude=SYSCALLS, reset='''
+        fd = os.open(os.__file__, os.O_RDONLY)   # a read-only library file every child shares
+        page = ctypes.create_string_buffer(4096)
+        iov = (ctypes.c_void_p * 2)(ctypes.addressof(page), 4096)   # struct iovec
+        vec, buf = ctypes.create_string_buffer(8), ctypes.create_string_buffer(256)
+        memory = ctypes.create_string_buffer(3 * 4096)
+        area = ctypes.c_void_p(ctypes.addressof(memory) + 4095 & ~4095)   # a page of our own
+        out = {"fadvise64": refused(221, fd, 0, 0, 4), "readahead": refused(187, fd, 0, 1 << 20),
+               "mincore": refused(27, area, 4096, vec), "cachestat": refused(451, fd, buf, buf, 0),
+               "getrusage": refused(98, 0, buf), "io_setup": refused(206, 8, buf), "io_submit": refused(209, 0, 0, 0),
+               "preadv2_nowait": refused(327, fd, iov, 1, 0, 0, 8),
+               "preadv2_nowait_high": refused(327, fd, iov, 1, 0, 0, ctypes.c_long(8 | 1 << 32)),
+               "pwritev2_nowait": refused(328, fd, iov, 1, 0, 0, 8),
+               "madvise_cold": refused(28, area, 4096, 20), "madvise_pageout": refused(28, area, 4096, 21)}
+        allowed = {"preadv2": libc.syscall(327, fd, iov, 1, 0, 0, 0), "madvise_dontneed": refused(28, area, 4096, 4)}
+        return [out, allowed], {}''')
+    out, allowed = attack(code)[0]
+    assert set(out.values()) == {errno.EPERM}, out
+    assert allowed == {"preadv2": 4096, "madvise_dontneed": 0}, allowed
+
+
+def test_no_page_cache_channel_between_two_live_environments():
+    """A drops a shared file's pages as Python lets it (os.posix_fadvise); B, at the same time, asks whether they are
+    cached (os.preadv with RWF_NOWAIT, resource.getrusage around a read): each is refused, with the hook on too."""
+    code = env(init="import os\nself.fd = os.open(os.__file__, os.O_RDONLY)", reset='''
+        import os, resource
+        out = []
+        for attempt in (lambda: os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED),
+                        lambda: os.preadv(self.fd, [bytearray(4096)], 0, os.RWF_NOWAIT),
+                        lambda: resource.getrusage(resource.RUSAGE_SELF)):
+            try:
+                attempt()
+                out.append("ran")
+            except OSError as err:
+                out.append(err.errno)
+        return out, {}''')
+    limits = Limits(call_timeout=TIMEOUT)
+    with EnvProcess(code, {}, limits) as sender, EnvProcess(code, {}, limits) as receiver:
+        sender.send("reset", 0)
+        receiver.send("reset", 0)
+        first, second = sender.receive()[0], receiver.receive()[0]
+    assert first == second == [errno.EPERM] * 3, (first, second)
+
+
+def test_the_step_line_of_a_step_whose_designs_failed_with_hostile_text_is_one_inert_line(capsys):
+    """train's step line names the designer's rejections by reason only (one of VERDICT_REASONS), never a detail."""
+    from types import SimpleNamespace
+    import envs
+    import runs
+    verdicts = [envs.validate(code, Limits(call_timeout=2.0)) for code in (SURROGATE, FORGING)]
+    window = SimpleNamespace(attempts=[SimpleNamespace(verdict=v) for v in verdicts], skills=["Optimization"],
+                             start=0, length=1, envs=[])
+    runs.print_step(runs.step_metrics(0, window, [], True, False, {"loss/grad_norm": None, "perf/step_s": 1.0}))
+    out = capsys.readouterr().out
+    assert printable(out, newlines=True) and len(out.splitlines()) == 1, out
+    assert "(2 reset_error)" in out
+
+
+def test_a_tool_errors_output_is_shown_on_the_verdicts_one_line():
+    """A tool's output keeps its newlines (the agent reads it); quoted in a verdict's detail it is one line."""
+    import envs
+    code = FORGED_TOOL_ENV.format(reply="", forge_when="False").replace(
+        "self.n += 1", "raise ValueError('boom\\n  ok   solvable')")
+    verdict = envs.validate(code, Limits(call_timeout=2.0), max_turns=4, setting="tool_use")
+    assert verdict.reason == "tool_error" and "boom\\n  ok" in verdict.detail and "\n" not in verdict.detail, verdict
