@@ -259,6 +259,7 @@ class Run:
         self.config, self.metrics = self.root / "config.json", self.root / "metrics.jsonl"
         self.samples, self.memory = self.root / "samples.jsonl", self.root / "memory.json"
         self.checkpoints = self.root / "checkpoints"
+        self.last_checkpoint = self.root / "last_checkpoint.json"   # written after each checkpoint: its step
 
     def log_metrics(self, record: dict) -> None:
         append_jsonl(self.metrics, record)
@@ -318,13 +319,25 @@ def resume_start(run: Run, checkpoint_every: int) -> int:
     must have held (the checkpoints were deleted), rather than start over and rewind them."""
     start = steps_done(run)
     logged = max((r["step"] for r in read_jsonl(run.metrics) if type(r.get("step")) is int), default=-1)
-    covered = (logged // checkpoint_every) * checkpoint_every   # the steps the checkpoints written must hold
+    covered = max((logged // checkpoint_every) * checkpoint_every, checkpointed(run))
     if start < covered:   # note: a step is logged before its checkpoint, so the last one may be missing
         held = f"up to step {start - 1}" if start else "none"
         raise InputError(f"--resume: {run.root} logged steps up to {logged} but its checkpoints hold {held} "
                          f"({run.checkpoints}/step_*/state.json); a resume would redo them and rewind "
                          "metrics.jsonl; restore the checkpoints, or start a new run with --out")
     return start
+
+
+def checkpointed(run: Run) -> int:
+    """How many steps the last checkpoint written held, by last_checkpoint.json (0 if none was written).
+
+    subtle: the periodic checkpoints follow from --checkpoint-every, but the one every run writes at its last
+    step does not, and a crash between a step's metrics line and its checkpoint looks, in metrics.jsonl, like
+    a checkpoint deleted afterwards; this file, written once the checkpoint is complete, tells them apart."""
+    try:
+        return json.loads(run.last_checkpoint.read_text())["step"] + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def new_out() -> str:

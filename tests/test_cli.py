@@ -68,6 +68,23 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, capsys):
     assert "nothing to do" in out and f"--resume {tmp_path} --steps 3" in out
 
 
+def test_resume_of_a_finished_run_whose_final_checkpoint_was_deleted_refuses_and_keeps_metrics(tmp_path, capsys):
+    """The final checkpoint (every run writes one at its last step) counts too: without it a resume redid step 0
+    and rewrote its metrics line, with exit 0 and not a word said."""
+    import shutil
+    out = tmp_path / "run"
+    small = ["--model", "tiny-random", "--env-pool", str(EXAMPLES), "--plays", "2", "--hinted-plays", "0",
+             "--max-turns", "1", "--agent-max-new-tokens", "8", "--agent-max-episode-tokens", "8",
+             "--hint-max-new-tokens", "4", "--envs-per-step", "1"]
+    assert cli.main(["train", *small, "--steps", "1", "--out", str(out)]) == 0
+    shutil.rmtree(out / "checkpoints")
+    metrics = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
+    assert "logged steps up to 0 but its checkpoints hold none" in one_error_line(capsys)
+    assert (out / "metrics.jsonl").read_text() == metrics
+
+
 def test_bare_spade_mini_prints_the_commands_and_runs_nothing(capsys):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
