@@ -7,8 +7,9 @@ one line `spade-mini: error: ...` and exit code 2, never a traceback; output pip
 output was still to be written, else 0.
 
 subtle: the heavy modules are imported only by the commands that need them (the project's lazy imports, besides
-the optional sympy corpus and tensorboard in runs.py: torch for train and eval, matplotlib for report), so
-`validate`, `play`, `score` and `report` start without torch, and all but `report` without matplotlib.
+the optional sympy corpus and tensorboard in runs.py: torch for train and eval, report.py and with it matplotlib
+for report), so `validate`, `play`, `score` and `report` start without torch, and all but `report` without
+matplotlib.
 """
 from __future__ import annotations
 
