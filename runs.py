@@ -4,9 +4,10 @@
 overrides. The rest is a support module (a first read of the method may skip it). A run directory holds
 config.json, metrics.jsonl (the resolved config first, then one record per step), samples.jsonl (designer
 attempts with verdicts, window scores, environments, a few episodes), memory.json, envs/step_NNNNN/ (each
-program and, at its window's end, its scores), checkpoints/ and last_checkpoint.json. Files are replaced atomically or appended line
-by line, with the permissions the umask gives (a run on a shared server is as readable as any file there);
-readers tolerate a torn last line; a resume refuses a run whose logged steps lost their checkpoints. Also here:
+program and, at its window's end, its scores), checkpoints/ and last_checkpoint.json. Files are replaced
+atomically or appended line by line, with the permissions the umask gives (a run on a shared server is as readable
+as any file there); readers tolerate a torn last line; a resume refuses a run whose logged steps lost their
+checkpoints. Also here:
 the grounding corpus (files a run reads), the step's metrics record, printed line and live progress, and the one
 error class for bad user input.
 
