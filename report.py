@@ -92,6 +92,7 @@ TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/retur
          "agent/win_rate", "env/diversity", "eval/score", "loss/grad_norm", "loss/samples_agent",
          "loss/samples_designer", "perf/step_s"]
 WINDOW = "new window (new environments)"   # the dashed line's legend
+HINTED = ("agent/return_hint", "env/regret")   # without hinted plays: the unhinted return and 0, not drawn
 
 
 class Figured(NamedTuple):
@@ -307,6 +308,9 @@ def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[F
         parts.insert(1, "<p><b>Nothing was trained in this run</b>: no step had a sample to learn from "
                         "(loss/samples_agent and loss/samples_designer are 0 at every step), so the weights are the "
                         "base model's.</p>")
+    if cfg.get("hinted_plays") == 0:
+        parts.append(f'<p class="note">This run had no hinted plays (--hinted-plays 0): {" and ".join(HINTED)} '
+                     "would only repeat the unhinted return and 0, so they are not shown.</p>")
     every = cfg.get("regen_interval")
     parts.append("<h2>Per step</h2>")
     if isinstance(every, int):
@@ -425,6 +429,8 @@ def report_and_steps(run_dir: Path) -> tuple[Path, int]:
     if not ((run_dir / "metrics.jsonl").exists() or (run_dir / "config.json").exists()):
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl or config.json (not a spade-mini run directory)")
     header, records = load_run(run_dir)   # each file read once: a bad line is warned about once
+    if header.get("config", {}).get("hinted_plays") == 0:   # R_hint fell back to the unhinted return: no curve
+        records = [{k: v for k, v in r.items() if k not in HINTED} for r in records]
     samples = runs.read_jsonl(run_dir / "samples.jsonl")
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)

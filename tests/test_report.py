@@ -2,6 +2,7 @@
 text is escaped, and broken or empty runs still give a page."""
 import html
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -285,3 +286,15 @@ def test_a_new_metric_shows_in_the_report_without_a_change_to_it(tmp_path):
     other = page.split("<h2>Everything else logged</h2>")[1]
     assert "agent/new_behaviour" in other.split("Drawn:")[1].split(".")[0]
     assert "<tr><td>agent/steady_behaviour</td><td>1</td></tr>" in other
+
+
+def test_a_run_without_hinted_plays_draws_no_hinted_curve(tmp_path):
+    """With --hinted-plays 0, R_hint falls back to the unhinted return: a 'hinted' curve on top of the unhinted one
+    (and a regret of 0) that no hint made."""
+    records = [step_record(s, **{"agent/return_hint": 0.1 * s, "agent/return_nohint": 0.1 * s, "env/regret": 0.0})
+               for s in range(3)]
+    page = report_of(tmp_path, records, {"hinted_plays": 0}).read_text()
+    assert "no hinted plays (--hinted-plays 0)" in page
+    drawn = page.split('src="returns.png"')[1].split("Drawn: ")[1].split(".")[0]
+    assert drawn == "agent/return_nohint, agent/win_rate"
+    assert not any("env/regret" in listed for listed in re.findall(r"Drawn: ([^<.]*)\.", page))
