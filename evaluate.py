@@ -420,27 +420,39 @@ def reference_solution(code: str, seed: int, max_turns: int, limits: Limits) -> 
         return "", None
 
 
-def answer_is_listed(code: str, seed: int, solution: list[str], max_turns: int, limits: Limits,
-                     tries: int = 3) -> bool:
-    """Whether the opening shows the answer's values whatever the answer is: in the first of the next `tries`
-    seeds whose solution differs, the opening holds this solution's values too (a list of options such as "cup
-    1, 2 or 3", or a format example, not a leak). False when every seed tried has the same solution."""
+def other_answer(code: str, seed: int, solution: list[str], max_turns: int, limits: Limits,
+                 tries: int = 3) -> tuple[str, list[str]] | None:
+    """(first observation, solution) at the first of the next `tries` seeds whose solution differs from
+    `solution`; None when every seed tried has the same one (the answer is in the code, not drawn from the seed)."""
     for other_seed in range(seed + 1, seed + 1 + tries):
         other_obs, other = reference_solution(code, other_seed, max_turns, limits)
         if other and other != solution:
-            return opening_leak(other_obs, solution)
-    return False
+            return other_obs, other
+    return None
+
+
+def answer_is_listed(code: str, seed: int, solution: list[str], max_turns: int, limits: Limits) -> bool:
+    """Whether the opening shows the answer's values whatever the answer is: at another seed with another
+    solution, the opening holds this solution's values too (a list of options such as "cup 1, 2 or 3", or a
+    format example, not a leak). False when every seed tried has the same solution."""
+    other = other_answer(code, seed, solution, max_turns, limits)
+    return other is not None and opening_leak(other[0], solution)
 
 
 def environment_stats(played: list, max_turns: int, limits: Limits) -> dict:
     """Statistics of a window's new environments (train.PlayedEnv, at the first step), each into its .stats:
     size, hint and opening leakage against its reference solution (replayed at its first play's seed; an opening
-    that lists the answer among its options does not leak), and the window's diversity."""
+    that lists the answer among its options does not leak), and the window's diversity.
+
+    subtle: a hint is written from the code alone, once for every seed. Where the answer is drawn from the seed,
+    a hint that names it names it by chance (SmolLM2's hint for cups, "a team of 3 players ... 12 turns", at a
+    seed whose ball is under cup 3), so only an answer that is the same at other seeds can leak through a hint."""
     for e in played:
         seed = e.episodes[0].spec.seed if e.episodes else 0
         first_obs, solution = reference_solution(e.code, seed, max_turns, limits)
         e.stats = dict(loc=loc(e.code), has_solution=bool(solution),
-                       hint_leak=bool(solution) and hint_leak(e.hint, solution),
+                       hint_leak=bool(solution) and hint_leak(e.hint, solution)
+                       and other_answer(e.code, seed, solution, max_turns, limits) is None,
                        opening_leak=bool(solution) and opening_leak(first_obs, solution)
                        and not answer_is_listed(e.code, seed, solution, max_turns, limits))
     with_solution = [e for e in played if e.stats["has_solution"]]

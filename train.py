@@ -488,6 +488,7 @@ def save_checkpoint(st: State, step: int) -> None:
     models.save_checkpoint(st.run.checkpoints / f"step_{step:05d}", st.model, st.optimizer,
                            {"memory.json": st.run.memory.read_text(), "state.json": json.dumps(state) + "\n"},
                            keep=st.cfg.keep_checkpoints)
+    runs.write_atomic(st.run.last_checkpoint, json.dumps({"step": step}) + "\n")   # a resume checks it is there
 
 
 def load_checkpoint(st: State, ckpt: Path) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import cli  # noqa: E402  (the report's tolerant run reader)
+import report  # noqa: E402  (its tolerant run reader)
 
 # variant name -> extra train flags ("{pool}" is replaced by the environment pool folder)
 VARIANTS = {
@@ -78,10 +78,10 @@ def held_out_score(source: list[str], args: argparse.Namespace, log_path: Path) 
 
 def summarize(row: dict, run_dir: Path) -> dict:
     """Add mean-over-steps and last-step columns per metric (missing/None values are skipped; '' if never)."""
-    records = cli.load_run(run_dir)[1] if (run_dir / "metrics.jsonl").exists() else []
+    records = report.load_run(run_dir)[1] if (run_dir / "metrics.jsonl").exists() else []
     row["steps_done"] = len(records)
     for key in METRICS:
-        values = [cli.number(r.get(key)) for r in records]
+        values = [report.number(r.get(key)) for r in records]
         values = [v for v in values if v is not None]
         row[f"mean:{key}"] = round(sum(values) / len(values), 4) if values else ""
         row[f"last:{key}"] = round(values[-1], 4) if values else ""

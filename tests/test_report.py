@@ -1,11 +1,14 @@
-"""spade-mini report (cli.py) on a run directory written by hand: the pages link every figure, the figures are real PNGs, logged
+"""spade-mini report (report.py) on a run directory written by hand: the pages link every figure, the figures are real PNGs, logged
 text is escaped, and broken or empty runs still give a page."""
+import html
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 import cli
+import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOSTILE_CODE = '''class ScriptEnv:
@@ -20,12 +23,13 @@ def write_jsonl(path: Path, records: list[dict], torn_tail: str = "") -> None:
 
 
 def step_record(step: int, **over) -> dict:
-    record = {"step": step, "skills": ["Optimization"], "designer/attempts": 4, "designer/valid_rate": 0.5,
+    """Metrics that change from step to step, and a few that never do (env/hint_leak_rate, env/count, env/hung)."""
+    record = {"step": step, "skills": ["Optimization"], "designer/attempts": 4 + step, "designer/valid_rate": 0.5,
               "designer/rejections": {"syntax": 1, "timeout": 1}, "designer/reward_mean": 0.2, "env/count": 2,
               "env/hung": 0, "env/regret": 0.25, "agent/return_nohint": 0.25, "agent/return_hint": 0.5,
-              "agent/win_rate": 0.5, "env/diversity": 0.7, "memory/diversity": 0.6, "env/loc_mean": 40,
-              "env/hint_leak_rate": 0.0, "eval/score": 0.1 * step, "eval/arithmetic": 0.2, "loss/policy": 0.01,
-              "perf/step_s": 12.0}
+              "agent/win_rate": 0.5, "env/diversity": 0.7, "memory/diversity": 0.6, "env/loc_mean": 40 + step,
+              "env/hint_leak_rate": 0.0, "eval/score": 0.1 * step, "eval/arithmetic": 0.2, "loss/policy": 0.01 * step,
+              "perf/step_s": 12.0 + step}
     return {**record, **over}
 
 
@@ -51,10 +55,10 @@ def run_dir(tmp_path) -> Path:
 
 
 def test_index_links_every_figure_with_data_and_each_is_a_valid_png(run_dir):
-    index = cli.write_report(run_dir)
+    index = report.write_report(run_dir)
     assert index == run_dir / "report" / "index.html"
     page = index.read_text()
-    for file, title, *_ in cli.FIGURES:
+    for file, title, *_ in report.FIGURES:
         if file in ("memory.png", "behaviour.png"):   # nothing of them logged here: named in one line instead
             assert title in page.split("Not drawn, nothing of it logged in this run:")[1]
             continue
@@ -67,13 +71,13 @@ def test_index_links_every_figure_with_data_and_each_is_a_valid_png(run_dir):
 
 
 def test_links_are_relative_so_the_report_is_self_contained(run_dir):
-    page = cli.write_report(run_dir).read_text()
+    page = report.write_report(run_dir).read_text()
     assert "http" not in page and str(run_dir) not in page
     assert 'href="envs.html"' in page
 
 
 def test_generated_code_and_hints_are_escaped(run_dir):
-    cli.write_report(run_dir)
+    report.write_report(run_dir)
     page = (run_dir / "report" / "envs.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "</pre><script>" not in page
@@ -82,7 +86,7 @@ def test_generated_code_and_hints_are_escaped(run_dir):
 
 
 def test_envs_page_lists_environment_with_scores_and_its_episode(run_dir):
-    cli.write_report(run_dir)
+    report.write_report(run_dir)
     page = (run_dir / "report" / "envs.html").read_text()
     assert "env_00" in page and "Optimization" in page
     assert "r_hint" in page and "0.5" in page
@@ -92,30 +96,30 @@ def test_envs_page_lists_environment_with_scores_and_its_episode(run_dir):
 
 
 def test_torn_last_line_and_none_metrics_are_tolerated(run_dir):
-    header, records = cli.load_run(run_dir)
+    header, records = report.load_run(run_dir)
     assert header["config"]["model"] == "tiny-random"
     assert [r["step"] for r in records] == [0, 1, 2]   # the torn step 3 is skipped
-    page = cli.write_report(run_dir).read_text()
+    page = report.write_report(run_dir).read_text()
     assert "<td>1</td>" in page                        # the step with None scores has a table row
 
 
 def test_eval_wildcard_expands_to_every_logged_category_key(run_dir):
-    records = cli.load_run(run_dir)[1]
-    assert cli.expand(["eval/score", "eval/*"], records) == ["eval/score", "eval/arithmetic"]
+    records = report.load_run(run_dir)[1]
+    assert report.expand(["eval/score", "eval/*"], records) == ["eval/score", "eval/arithmetic"]
 
 
 def test_run_with_zero_steps_gets_a_clear_message_and_no_figures(tmp_path):
     run = tmp_path / "empty"
     run.mkdir()
     write_jsonl(run / "metrics.jsonl", [{"config": {"model": "tiny-random"}}])
-    page = cli.write_report(run).read_text()
+    page = report.write_report(run).read_text()
     assert "no completed steps" in page
     assert not list((run / "report").glob("*.png"))
 
 
 def test_directory_that_is_not_a_run_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a spade-mini run"):
-        cli.write_report(tmp_path)
+        report.write_report(tmp_path)
     assert cli.main(["report", str(tmp_path)]) == 2
 
 
@@ -123,10 +127,11 @@ def test_every_numeric_metric_the_run_logged_is_drawn_in_some_figure(run_dir):
     """The page says under each figure which metrics it draws; together they cover every logged number
     (coinciding curves get distinct styles, unrelated scales separate panels)."""
     import re
-    page = cli.write_report(run_dir).read_text()
-    drawn = {k.strip() for listed in re.findall(r"Drawn: ([^<]*?)\.</p>", page) for k in listed.split(",")}
-    records = cli.load_run(run_dir)[1]
-    logged = {k for r in records for k, v in r.items() if k != "step" and cli.number(v) is not None}
+    page = report.write_report(run_dir).read_text()
+    drawn = {k.strip() for listed in re.findall(r"(?:Drawn|in the table instead): ([^<.]*)\.", page)
+             for k in listed.split(",")}
+    records = report.load_run(run_dir)[1]
+    logged = {k for r in records for k, v in r.items() if k != "step" and report.number(v) is not None}
     assert logged and logged <= drawn, logged - drawn
     assert "loss/policy" in drawn and "designer/rejections" in drawn
 
@@ -138,7 +143,7 @@ def test_the_designs_page_shows_every_attempt_with_its_verdict_and_reason(run_di
                {"step": 0, "kind": "design", "slot": 0, "attempt": 0, "skill": "Optimization", "code": HOSTILE_CODE,
                 "text": "", "verdict": {"valid": True, "reason": "ok"}}]
     write_jsonl(run_dir / "samples.jsonl", samples)
-    cli.write_report(run_dir)
+    report.write_report(run_dir)
     page = (run_dir / "report" / "designs.html").read_text()
     assert "rejected (no_code)" in page and "I cannot write code" in page and "valid (ok)" in page
     assert "<script>" not in page and "&lt;script&gt;" in page
@@ -150,14 +155,14 @@ def test_a_turn_whose_reply_is_its_action_shows_the_text_once(run_dir):
                "turns": 1, "transcript": [{"turn": 1, "reply": "go left please", "action": "go left please",
                                            "observation": "ok", "reward": 0.0}]}
     write_jsonl(run_dir / "samples.jsonl", [episode])
-    cli.write_report(run_dir)
+    report.write_report(run_dir)
     assert (run_dir / "report" / "envs.html").read_text().count("go left please") == 1
 
 
 def test_the_report_shows_the_steps_a_resume_extended_the_run_to(run_dir):
     """metrics.jsonl's header keeps the config of the run's start; config.json records a resume's --steps."""
     (run_dir / "config.json").write_text(json.dumps({"model": "tiny-random", "preset": "tiny", "steps": 5}))
-    page = cli.write_report(run_dir).read_text()
+    page = report.write_report(run_dir).read_text()
     assert "<tr><td>steps</td><td>5</td></tr>" in page
 
 
@@ -165,7 +170,7 @@ def test_a_figure_with_nothing_logged_is_left_out_and_named(run_dir):
     """A CPU run logs no GPU memory; a run without --eval-every no held-out score: no empty axes for them."""
     records = [{k: v for k, v in step_record(i).items() if not k.startswith("eval/")} for i in range(2)]
     write_jsonl(run_dir / "metrics.jsonl", [{"config": {"model": "tiny-random"}}, *records])
-    page = cli.write_report(run_dir).read_text()
+    page = report.write_report(run_dir).read_text()
     for file, title in (("memory.png", "GPU memory per phase"), ("eval.png", "Held-out evaluation")):
         assert f'src="{file}"' not in page and not (run_dir / "report" / file).exists()
         assert title in page.split("Not drawn, nothing of it logged in this run:")[1]
@@ -185,11 +190,11 @@ def test_a_corrupt_middle_line_is_warned_about_once_per_file(run_dir, capsys):
 def test_a_run_where_nothing_trained_says_so_in_one_line_at_the_top(run_dir):
     records = [step_record(i, **{"loss/samples_agent": 0, "loss/samples_designer": 0}) for i in range(2)]
     write_jsonl(run_dir / "metrics.jsonl", [{"config": {"model": "tiny-random"}}, *records])
-    page = cli.write_report(run_dir).read_text()
+    page = report.write_report(run_dir).read_text()
     assert page.index("Nothing was trained in this run") < page.index("<h2>")
     write_jsonl(run_dir / "metrics.jsonl", [{"config": {"model": "tiny-random"}},
                                             step_record(0, **{"loss/samples_agent": 8, "loss/samples_designer": 0})])
-    assert "Nothing was trained" not in cli.write_report(run_dir).read_text()
+    assert "Nothing was trained" not in report.write_report(run_dir).read_text()
 
 
 def test_the_per_step_table_fits_the_page_at_1400_px():
@@ -198,9 +203,9 @@ def test_the_per_step_table_fits_the_page_at_1400_px():
     import re
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextPath
-    body = int(re.search(r"body\{\{[^}]*max-width:(\d+)px", cli.PAGE).group(1))
-    size = int(re.search(r"table\{\{[^}]*font-size:(\d+)px", cli.PAGE).group(1))
-    header = re.findall(r"<th>(.*?)</th>", cli.table([], ["step"] + cli.TABLE))
+    body = int(re.search(r"body\{\{[^}]*max-width:(\d+)px", report.PAGE).group(1))
+    size = int(re.search(r"table\{\{[^}]*font-size:(\d+)px", report.PAGE).group(1))
+    header = re.findall(r"<th>(.*?)</th>", report.table([], ["step"] + report.TABLE))
     widest_value = "-0.333"   # fmt(): three significant digits; step seconds like 1234 are narrower
 
     def width(text: str, bold: bool = False) -> float:
@@ -210,3 +215,86 @@ def test_the_per_step_table_fits_the_page_at_1400_px():
     columns = [max(max(width(line, bold=True) for line in cell.split("<br>")), width(widest_value)) + 2 * 6 + 1
                for cell in header]
     assert body < 1400 and sum(columns) <= body, (sum(columns), body)
+
+
+def report_of(folder: Path, records: list[dict], config: dict) -> Path:
+    """The index page of a run directory holding only these step records (and `config`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl(folder / "metrics.jsonl", [{"config": {"model": "tiny-random", **config}}, *records])
+    return report.write_report(folder)
+
+
+def demo_like(steps: int = 4, **over) -> list[dict]:
+    """Steps of a run with the demo's small returns (0.06, 0.05), a regeneration window of 2 steps, and an update
+    whose KL and clipped share stay 0 (one optimizer step, no KL term)."""
+    return [step_record(s, **{"agent/return_nohint": 0.062 - 0.005 * s, "agent/return_hint": 0.05 if s % 2 == 0
+                              else None, "loss/grad_norm": 0.2 + 0.03 * s, "loss/kl": 0.0, "loss/clip_frac": 0.0,
+                              "agent/first_reply_tokens": 51 + 12 * s, **over}) for s in range(steps)]
+
+
+def test_the_returns_axis_fits_returns_near_zero(tmp_path):
+    """Returns of 0.04-0.06 lay flat on the floor of a fixed -1..1 axis."""
+    records = demo_like()
+    fig = report.line_figure(tmp_path / "returns.png", "returns", "", records, ["agent/return_nohint"], [])
+    low, high = fig.axes[0].get_ylim()
+    assert -0.1 < low < 0.047 and 0.062 < high < 0.1, (low, high)
+
+
+def test_every_step_plot_marks_where_a_new_window_begins(tmp_path):
+    """New games at step 2 (regen_interval 2) moved first-reply tokens 51 -> 87: a dashed line says why."""
+    records = demo_like()
+    starts = report.window_starts({"regen_interval": 2}, records)
+    assert starts == [2]
+    for fig in (report.line_figure(tmp_path / "a.png", "t", "", records, ["agent/return_nohint"], starts),
+                report.panels_figure(tmp_path / "b.png", records, ["agent/first_reply_tokens", "loss/grad_norm"],
+                                     starts)):
+        for ax in [ax for ax in fig.axes if ax.lines]:
+            marks = [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == "--" and
+                     line.get_color() == "gray"]
+            assert marks == [1.5], marks   # between the first window's last step and the next one's first
+    page = report_of(tmp_path, records, {"regen_interval": 2}).read_text()
+    assert "New environments every 2 steps (--regen-interval 2): a dashed line" in page
+    assert report.window_starts({"regen_interval": 1}, records) == []   # every step: no line at each
+
+
+def test_the_returns_caption_says_what_each_curve_is_and_why_hinted_can_be_lower(tmp_path):
+    page = report_of(tmp_path, demo_like(), {}).read_text()
+    caption = html.unescape(page.split('src="returns.png"')[1].split("</p>")[0])
+    for words in ("agent/return_nohint: the mean return of this step's unhinted plays", "agent/return_hint",
+                  "at a window's first step only", "agent/win_rate", "not a bound it cannot pass", "makes it lower"):
+        assert words in caption, words
+    assert "upper bound" not in page
+
+
+def test_a_metric_that_never_changed_is_a_table_row_not_a_flat_panel(tmp_path):
+    """The update's panels: loss/kl and loss/clip_frac were flat lines at 0 in a run with one optimizer step."""
+    page = report_of(tmp_path, demo_like(), {}).read_text()
+    update = page.split("<h2>The update</h2>")[1].split("<h2>")[0]
+    assert 'src="update.png"' in update
+    assert "<tr><td>loss/kl</td><td>0</td></tr>" in update and "<tr><td>loss/clip_frac</td><td>0</td></tr>" in update
+    assert "Drawn: loss/grad_norm, loss/policy." in update
+    constant = [step_record(s, **{"perf/step_s": 12.0}) for s in range(3)]   # perf/: one metric, never changed
+    page = report_of(tmp_path / "constant", constant, {}).read_text()
+    perf = page.split("<h2>Time and throughput</h2>")[1].split("<h2>")[0]
+    assert "<img" not in perf and "<tr><td>perf/step_s</td><td>12</td></tr>" in perf
+    assert not (tmp_path / "constant" / "report" / "perf.png").exists()
+
+
+def test_a_new_metric_shows_in_the_report_without_a_change_to_it(tmp_path):
+    records = [step_record(s, **{"agent/new_behaviour": 0.1 * s, "agent/steady_behaviour": 1.0}) for s in range(3)]
+    page = report_of(tmp_path, records, {}).read_text()
+    other = page.split("<h2>Everything else logged</h2>")[1]
+    assert "agent/new_behaviour" in other.split("Drawn:")[1].split(".")[0]
+    assert "<tr><td>agent/steady_behaviour</td><td>1</td></tr>" in other
+
+
+def test_a_run_without_hinted_plays_draws_no_hinted_curve(tmp_path):
+    """With --hinted-plays 0, R_hint falls back to the unhinted return: a 'hinted' curve on top of the unhinted one
+    (and a regret of 0) that no hint made."""
+    records = [step_record(s, **{"agent/return_hint": 0.1 * s, "agent/return_nohint": 0.1 * s, "env/regret": 0.0})
+               for s in range(3)]
+    page = report_of(tmp_path, records, {"hinted_plays": 0}).read_text()
+    assert "no hinted plays (--hinted-plays 0)" in page
+    drawn = page.split('src="returns.png"')[1].split("Drawn: ")[1].split(".")[0]
+    assert drawn == "agent/return_nohint, agent/win_rate"
+    assert not any("env/regret" in listed for listed in re.findall(r"Drawn: ([^<.]*)\.", page))

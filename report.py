@@ -1,0 +1,478 @@
+"""`spade-mini report RUN_DIR`: a run directory made visible, as PNG plots over steps and static HTML pages.
+
+A support module (a first read of the method may skip it). spade-mini logs to plain files (metrics.jsonl,
+samples.jsonl, envs/step_NNNNN/); `write_report(run_dir)` turns them into RUN_DIR/report/index.html (figures, a
+per-step table, the resolved config), envs.html (each environment's code, hint, scores and one example episode)
+and designs.html (every designer attempt with its verdict). The pages are self-contained: PNGs are linked by
+relative paths, nothing is fetched, and every logged string is HTML-escaped (generated code may hold `<script>`).
+
+How to read the figures (the same captions appear under each one):
+* returns: mean episode return of the agent with and without the hint. Self-play is working when the unhinted
+  curve rises within a window; the hinted curve is the same agent with the hint, not a bound it cannot pass.
+* regret: R_hint - R_nohint averaged over the window's environments, the designer's training signal. Near 0 with
+  both returns high = too easy; near 0 with both low = unsolvable; positive = at the edge of the agent's ability.
+* validity: share of designer attempts that passed the sandbox checks; rejections: why the others failed.
+* diversity: Vendi score / n of the step's programs and of the memory (1/n = identical programs, 1 = unrelated).
+* eval: held-out reasoning-gym score overall and per category, the share of answers given in \\boxed{} at all
+  (a small model's first gain is often the format), and the held-out pool's win rate (with --eval-every).
+* the panels (how the agent replies, the update, environment statistics, time, everything else): one metric
+  each; a metric that never changed in the run is a row of the table under its figure instead of a flat line.
+Every plot over steps marks where a regeneration window begins (a dashed line): new environments, so a jump
+there is the games changing, not the training.
+
+Standard library and matplotlib (Agg backend, no display): a report renders on any machine, without torch. cli.py
+imports this module only for `report`, so the other commands start without matplotlib.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import NamedTuple
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+import runs
+
+# (file, title, y label, metric keys, caption). A metric finds its place by name: the first figure whose keys list
+# it (or its 'prefix/*') draws it, and one that no figure lists is drawn in "Everything else logged" by itself, so
+# a new metric shows without a change here; add its key to a figure to place it, and to TABLE for the per-step
+# table. Keys missing from the run are skipped; a figure with no data at all is left out and named in one line under
+# the others (NOT_LOGGED says why where that is not obvious). The y axes fit the data: returns of 0.05 are not
+# drawn on a -1..1 scale.
+FIGURES = [
+    ("returns.png", "Agent return with and without the hint", "mean episode return",
+     ["agent/return_nohint", "agent/return_hint", "agent/win_rate"],
+     "agent/return_nohint: the mean return of this step's unhinted plays (the ones trained); agent/return_hint: "
+     "the mean return of the hinted plays, at a window's first step only (never trained); agent/win_rate: the share "
+     "of unhinted plays won. The hinted curve is the same agent with a hint in its first message, not a bound it "
+     "cannot pass: a hint that misleads, or that a small model misreads, makes it lower (the regret is then "
+     "negative, and the regret reward floors it at 0). Learning shows as the unhinted return rising within a "
+     "window; at a dashed line the games change."),
+    ("behaviour.png", "How the agent replies", "", ["agent/first_reply_tokens", "agent/reply_tokens", "agent/cut_share",
+     "agent/action_share", "agent/turns_mean"],
+     "One panel each, unhinted plays: tokens of the first reply and of every reply, the share of replies cut by the "
+     "token limit (not played), the share holding an action, turns per episode. SPADE's agent learns to act "
+     "early with short replies; at a dashed line the games change, and with them how long the replies run."),
+    ("regret.png", "Hint regret (the designer's signal)", "R_hint - R_nohint",
+     ["env/regret", "designer/reward_mean"],
+     "env/regret: R_hint - R_nohint of the window's environments (at its first step); designer/reward_mean: the "
+     "designer's reward (at its last). Positive regret = environments at the edge of the agent's ability. Near "
+     "zero: too easy or unsolvable (read the returns figure to tell which); negative: the hint misled."),
+    ("validity.png", "Designer validity rate", "share of attempts valid", ["designer/valid_rate"],
+     "Share of designer attempts that passed every sandbox check (at a window's first step, when it designs)."),
+    ("rejections.png", "Rejections", "attempts", [],
+     "Rejected designer attempts per step, stacked by the sandbox's machine-readable reason."),
+    ("diversity.png", "Diversity (Vendi score / n)", "Vendi / n", ["env/diversity", "memory/diversity"],
+     "1/n: near-identical programs (collapse); 1: unrelated programs. The paper: 0.68 with corpus, 0.04 without."),
+    ("eval.png", "Held-out evaluation", "score", ["eval/score", "eval/*", "eval/pool_win_rate"],
+     "reasoning-gym score overall and per category, eval/answered = share of answers in \\boxed{}, and the win "
+     "rate on a held-out environment pool. Step -1 is the untrained base model."),
+    ("update.png", "The update", "", ["loss/*", "agent/zero_variance_frac"],
+     "One panel each: the gradient norm (above 0: an update happened), the PPO-clip-form loss, KL, the clipped "
+     "share (0 with one optimizer step), samples per role, optimizer steps, and the share of zero-variance groups "
+     "(they carry no gradient)."),
+    ("env_stats.png", "Environment statistics", "", ["env/*"],
+     "One panel per other env/ metric (lines of code, turns, one-turn solves, hint and opening leakage)."),
+    ("memory.png", "GPU memory per phase", "GiB", ["mem/*"],
+     "Peak CUDA memory allocated and reserved in each phase (CUDA runs only; the cache is freed between phases). "
+     "Reserved far above allocated means fragmentation; compare with `spade-mini plan`."),
+    ("perf.png", "Time and throughput", "", ["perf/*"], "One panel per perf/ metric: seconds per phase, "
+     "tokens per second, the sandbox's share of play, peak memory."),
+    ("other.png", "Everything else logged", "", [], "One panel per numeric metric no figure above shows."),
+]
+PANELS = {"behaviour.png", "update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
+NOT_LOGGED = {"memory.png": " (CUDA runs only)", "eval.png": " (train with --eval-every N)",
+              "rejections.png": " (no designer attempts: an --env-pool run)"}
+STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v")]   # coinciding curves stay visible
+PLAIN = {"env/regret", "env/count", "env/hung", "env/diversity"}  # env/* keys that are not 'statistics'
+TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/return_hint", "env/regret",
+         "agent/win_rate", "env/diversity", "eval/score", "loss/grad_norm", "loss/samples_agent",
+         "loss/samples_designer", "perf/step_s"]
+WINDOW = "new window (new environments)"   # the dashed line's legend
+HINTED = ("agent/return_hint", "env/regret")   # without hinted plays: the unhinted return and 0, not drawn
+
+
+class Figured(NamedTuple):
+    """A figure as the index page shows it."""
+    file: str | None   # the PNG; None when every metric of it stayed the same over the run
+    title: str
+    caption: str
+    constants: list    # [metric, value] of its metrics that never changed (a table, not flat lines)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# reading the run
+
+def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
+    """(header, step records sorted by step). The header is the first line holding "config", its config taken
+    from config.json when that reads (a resume records its new --steps there); a step logged twice (a resume)
+    keeps its last record."""
+    lines = runs.read_jsonl(run_dir / "metrics.jsonl")
+    header = dict(next((r for r in lines if "config" in r), {}))
+    try:
+        header["config"] = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    steps = {r["step"]: r for r in lines if isinstance(r.get("step"), int) and "config" not in r}
+    return header, [steps[s] for s in sorted(steps)]
+
+
+def number(value) -> float | None:
+    """A plottable float, or None for missing, non-numeric and non-finite values (bools count as 0/1)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def expand(keys: list[str], records: list[dict]) -> list[str]:
+    """Resolve 'prefix/*' to every key with that prefix present in the run (sorted), keeping explicit keys.
+
+    >>> expand(["eval/score", "eval/*"], [{"step": 0, "eval/score": 0.5, "eval/logic": 1.0, "loss/policy": 0.1}])
+    ['eval/score', 'eval/logic']
+    """
+    present = sorted({k for r in records for k in r})
+    out = []
+    for key in keys:
+        found = [k for k in present if k.startswith(key[:-1])] if key.endswith("/*") else [key]
+        out += [k for k in found if k not in out]
+    return out
+
+
+# -----------------------------------------------------------------------------------------------------------
+# figures
+
+def window_starts(config: dict, records: list[dict]) -> list[int]:
+    """The steps after the first one shown at which a regeneration window began (new environments from there on):
+    each record's window/start, or for a run that did not log it, the multiples of --regen-interval. None marked
+    when every step begins one (--regen-interval 1): a line at every step would say nothing.
+
+    >>> window_starts({"regen_interval": 2}, [{"step": s} for s in range(-1, 5)])
+    [2, 4]
+    >>> window_starts({}, [{"step": s, "window/start": s - s % 3} for s in range(7)])
+    [3, 6]
+    """
+    every, steps = config.get("regen_interval"), [r["step"] for r in records if r["step"] >= 0]
+    logged = {r["window/start"] for r in records if isinstance(r.get("window/start"), int)}
+    if not steps or every == 1 or not (logged or isinstance(every, int) and every > 1):
+        return []
+    starts = logged or {s for s in range(max(steps) + 1) if s % every == 0}
+    return sorted(s for s in starts if min(steps) < s <= max(steps))
+
+
+def constant_value(key: str, records: list[dict]) -> float | None:
+    """The value of a metric that never changed in the run, or None when it changed.
+
+    >>> constant_value("kl", [{"kl": 0.0}, {}, {"kl": 0.0}]), constant_value("kl", [{"kl": 0.0}, {"kl": 0.1}])
+    (0.0, None)
+    """
+    values = {number(r.get(key)) for r in records} - {None}
+    return values.pop() if len(values) == 1 else None
+
+
+def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int]) -> int:
+    """One line per key over steps, and a dashed line where each window in `starts` begins; a curve is broken
+    there (other games), and within a window missing values are skipped, so sparse metrics (eval every K steps)
+    still connect. Returns how many keys had data."""
+    drawn = 0
+    for key in keys:
+        points = [(r["step"], number(r.get(key))) for r in records]
+        points = [(s, v) for s, v in points if v is not None]
+        if points:
+            points = sorted(points + [(step - 0.5, math.nan) for step in starts])   # NaN: matplotlib's break
+            style, marker = STYLES[drawn % len(STYLES)]
+            ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, label=key, alpha=0.85)
+            drawn += 1
+    for k, step in enumerate(starts):   # between the window's last step and the next one's first
+        ax.axvline(step - 0.5, color="gray", linestyle="--", linewidth=1, label=None if k else WINDOW)
+    step_axis(ax, records)
+    return drawn
+
+
+def step_axis(ax, records: list[dict]) -> None:
+    """Whole-number step ticks; half a step of margin, so a one-step run shows one tick, not -0.04..0.04."""
+    steps = [r["step"] for r in records]
+    if steps:
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def line_figure(path: Path, title: str, ylabel: str, records: list[dict], keys: list[str], starts: list[int]) -> Figure:
+    """The keys on one axis, its y range fitted to their data (matplotlib's own margins); saved to `path`."""
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
+    plot_lines(ax, records, keys, starts)   # keys with data only (write_report leaves a figure with none out)
+    ax.legend(fontsize=8)
+    ax.set(title=title, xlabel="step", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return fig
+
+
+def rejections_figure(path: Path, records: list[dict], starts: list[int]) -> Figure:
+    """Stacked bars: rejected designer attempts per step, by the sandbox's reason."""
+    reasons = sorted({k for r in records for k in (r.get("designer/rejections") or {})})
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
+    steps, bottom = [r["step"] for r in records], [0.0] * len(records)
+    for reason in reasons:
+        counts = [number((r.get("designer/rejections") or {}).get(reason)) or 0.0 for r in records]
+        ax.bar(steps, counts, bottom=bottom, label=reason)
+        bottom = [b + c for b, c in zip(bottom, counts)]
+    plot_lines(ax, records, [], starts)
+    if reasons:   # outside the axes, so that no bar hides under it
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:   # attempts, all valid
+        ax.text(0.5, 0.5, "no rejected attempts", ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set(title="Rejected designer attempts by reason", xlabel="step", ylabel="attempts")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return fig
+
+
+def numeric(keys: list[str], records: list[dict]) -> list[str]:
+    return [k for k in keys if any(number(r.get(k)) is not None for r in records)]
+
+
+def panels_figure(path: Path, records: list[dict], keys: list[str], starts: list[int]) -> Figure:
+    """Small multiples, one panel per metric (each with data; their scales differ: lines of code vs shares)."""
+    cols = 3
+    rows = max(1, math.ceil(len(keys) / cols))
+    fig = Figure(figsize=(9.6, 2.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        plot_lines(ax, records, [key], starts)
+        ax.set_title(key, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return fig
+
+
+# -----------------------------------------------------------------------------------------------------------
+# pages
+
+PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
+table{{border-collapse:collapse;font-size:12px}}div.wide{{overflow-x:auto}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
+pre{{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}}img{{max-width:100%}}
+.note{{color:#666}}blockquote{{border-left:3px solid #aaa;margin:0;padding-left:8px}}</style></head>
+<body>
+{body}
+</body></html>
+"""
+
+
+def esc(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def fmt(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    v = number(value)
+    return "-" if v is None else f"{int(v)}" if v == int(v) and abs(v) >= 1 else f"{v:.3g}"
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    """An HTML table; a metric's name breaks after its role ("loss/<br>grad_norm"), so that the per-step table's
+    columns fit the page (tests/test_report.py measures them)."""
+    head = "".join(f"<th>{esc(h).replace('/', '/<br>')}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[Figured], left_out: list[str]) -> str:
+    cfg = header.get("config", {})
+    knobs = ["model", "preset", "steps", "seed", "designer_reward", "no_designer_training", "no_memory",
+             "no_corpus", "env_pool", "skills", "envs_per_step", "plays", "hinted_plays"]
+    parts = [f"<h1>spade-mini run {esc(run_dir.resolve().name)}</h1>",
+             '<p><a href="envs.html">environments of every step</a> &middot; '
+             '<a href="designs.html">every designer attempt, with its verdict</a></p>',
+             table([[k, cfg[k]] for k in knobs if k in cfg], ["config", "value"])]
+    if not records:
+        parts.append('<p class="note"><b>This run has no completed steps yet</b> (metrics.jsonl holds no step '
+                     "record). Rerun the report after the first step finishes.</p>")
+        return PAGE.format(title="spade-mini report", body="\n".join(parts))
+    samples = [number(r.get(k)) for r in records for k in ("loss/samples_agent", "loss/samples_designer")]
+    if any(n is not None for n in samples) and not any(samples):
+        parts.insert(1, "<p><b>Nothing was trained in this run</b>: no step had a sample to learn from "
+                        "(loss/samples_agent and loss/samples_designer are 0 at every step), so the weights are the "
+                        "base model's.</p>")
+    if cfg.get("hinted_plays") == 0:
+        parts.append(f'<p class="note">This run had no hinted plays (--hinted-plays 0): {" and ".join(HINTED)} '
+                     "would only repeat the unhinted return and 0, so they are not shown.</p>")
+    every = cfg.get("regen_interval")
+    parts.append("<h2>Per step</h2>")
+    if isinstance(every, int):
+        parts.append(f'<p class="note">{window_note(every)}</p>')
+    parts.append('<div class="wide">' + table([[r["step"]] + [fmt(r.get(k)) for k in TABLE] for r in records],
+                                              ["step"] + TABLE) + "</div>")
+    for file, title, caption, constants in figures:
+        parts.append(f"<h2>{esc(title)}</h2>")
+        if file:
+            parts.append(f'<img src="{esc(file)}" alt="{esc(title)}">')
+        if constants:
+            parts.append(table(constants, ["the same at every step", "value"]))
+        parts.append(f'<p class="note">{esc(caption)}</p>')
+    if left_out:
+        parts.append(f'<p class="note">Not drawn, nothing of it logged in this run: {esc("; ".join(left_out))}.</p>')
+    return PAGE.format(title="spade-mini report", body="\n".join(parts))
+
+
+def window_note(every: int) -> str:
+    """What the figures say about regeneration windows, once above them."""
+    if every == 1:
+        return ("Every step plays new environments (--regen-interval 1), so a change from one step to the next may be "
+                "the games changing as much as the training.")
+    return (f"New environments every {every} steps (--regen-interval {every}): a dashed line in the figures marks "
+            "where a window begins, and curves break there, since a jump at it is the games changing, not the "
+            "training; compare steps within a window.")
+
+
+def render_transcript(episode: dict) -> str:
+    """One logged episode: its outcome, then each turn's fields (whatever the rollout recorded) escaped."""
+    head = (f"<p>seed {esc(episode.get('seed'))}, {'with' if episode.get('hinted') else 'without'} hint: return "
+            f"{fmt(episode.get('return', episode.get('reward')))} in {esc(episode.get('turns'))} turns"
+            f"{', terminated' if episode.get('terminated') else ''}"
+            f"{', failure ' + esc(episode['failure']) if episode.get('failure') else ''}</p>")
+    turns = []
+    for i, turn in enumerate(episode.get("transcript") or []):
+        turn = turn if isinstance(turn, dict) else {"text": turn}
+        fields = [(k, v) for k, v in turn.items() if k != "turn"   # turn 0 is the first observation
+                  and not (k == "action" and v == turn.get("reply"))]  # a reply without \\boxed{} is its action
+        turns.append(f"<b>turn {esc(turn.get('turn', i))}</b><pre>"
+                     + "\n".join(f"{esc(k)}: {esc(v)}" for k, v in fields) + "</pre>")
+    return head + "".join(turns)
+
+
+def env_section(step: int, py: Path, episode: dict | None) -> str:
+    meta_path = py.with_suffix(".json")
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    except json.JSONDecodeError:
+        meta = {}
+    scores = [[k, fmt(v) if number(v) is not None else v] for k, v in meta.items() if k not in ("hint", "skill")]
+    anchor = f"s{step}-{py.stem}"
+    return "\n".join([
+        f'<h3 id="{esc(anchor)}">step {step} &middot; {esc(py.stem)} &middot; {esc(meta.get("skill") or meta.get("origin", "?"))}</h3>',
+        table(scores, ["score", "value"]) if scores else '<p class="note">no scores file</p>',
+        f"<p>hint:</p><blockquote>{esc(meta.get('hint') or '(none)')}</blockquote>",
+        f"<details><summary>code ({len(py.read_text(errors='replace').splitlines())} lines)</summary>"
+        f"<pre><code>{esc(py.read_text(errors='replace'))}</code></pre></details>",
+        "<p>example episode:</p>" + (render_transcript(episode) if episode else
+                                     '<p class="note">no episode of this environment was logged</p>'),
+    ])
+
+
+def envs_page(run_dir: Path, samples: list[dict]) -> str:
+    """Every envs/step_NNNNN/*.py with its .json scores and the first logged episode of (step, env_id)."""
+    episodes: dict[tuple, dict] = {}
+    for r in samples:
+        if r.get("kind") == "episode":
+            episodes.setdefault((r.get("step"), r.get("env_id")), r)
+    sections, toc = [], []
+    for folder in sorted((run_dir / "envs").glob("step_*")):
+        try:
+            step = int(folder.name.split("_")[1])
+        except (IndexError, ValueError):
+            continue
+        for py in sorted(folder.glob("*.py")):
+            toc.append(f'<a href="#s{step}-{esc(py.stem)}">{step}/{esc(py.stem)}</a>')
+            sections.append(env_section(step, py, episodes.get((step, py.stem))))
+    body = ['<h1>Environments</h1><p><a href="index.html">back to the figures</a></p>',
+            "<p>" + " &middot; ".join(toc) + "</p>" if toc else '<p class="note">no environments saved yet</p>']
+    return PAGE.format(title="spade-mini environments", body="\n".join(body + sections))
+
+
+def designs_page(samples: list[dict]) -> str:
+    """Every designer attempt of samples.jsonl: step, slot, attempt, skill, verdict, reason and what it wrote."""
+    sections = []
+    for r in samples:
+        if r.get("kind") != "design":
+            continue
+        verdict = r.get("verdict") or {}
+        written = r.get("code") if r.get("code") is not None else r.get("text", "")
+        sections.append("\n".join([
+            f"<h3>step {esc(r.get('step'))} &middot; slot {esc(r.get('slot'))} &middot; attempt "
+            f"{esc(r.get('attempt'))} &middot; {esc(r.get('skill'))}: "
+            f"{'valid' if verdict.get('valid') else 'rejected'} ({esc(verdict.get('reason'))})</h3>",
+            f'<p class="note">{esc(verdict.get("detail", ""))}</p>' if verdict.get("detail") else "",
+            f"<details><summary>{'program' if r.get('code') is not None else 'answer (no python block)'} "
+            f"({len(str(written).splitlines())} lines)</summary><pre><code>{esc(written)}</code></pre></details>"]))
+    body = ['<h1>Designer attempts</h1><p><a href="index.html">back to the figures</a></p>',
+            "\n".join(sections) or '<p class="note">no designer attempt logged (an --env-pool run designs none)</p>']
+    return PAGE.format(title="spade-mini designer attempts", body="\n".join(body))
+
+
+# -----------------------------------------------------------------------------------------------------------
+# entry points
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write RUN_DIR/report/{index.html, envs.html, designs.html, *.png}; returns the index path. Raises FileNotFoundError
+    for a directory that is not a run. A run with no completed step gets a page saying so, and no figures; a figure
+    with nothing logged (GPU memory on a CPU run, held-out scores without --eval-every) is left out and named."""
+    return report_and_steps(Path(run_dir))[0]
+
+
+def report_and_steps(run_dir: Path) -> tuple[Path, int]:
+    """write_report, and how many completed steps the report shows."""
+    if not ((run_dir / "metrics.jsonl").exists() or (run_dir / "config.json").exists()):
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl or config.json (not a spade-mini run directory)")
+    header, records = load_run(run_dir)   # each file read once: a bad line is warned about once
+    if header.get("config", {}).get("hinted_plays") == 0:   # R_hint fell back to the unhinted return: no curve
+        records = [{k: v for k, v in r.items() if k not in HINTED} for r in records]
+    samples = runs.read_jsonl(run_dir / "samples.jsonl")
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    starts = window_starts(header.get("config", {}), records)
+    figures, shown, left_out = [], set(), []
+    for spec in FIGURES if records else []:
+        (out / spec[0]).unlink(missing_ok=True)   # a previous report's figure of it
+        figure = draw_figure(out, spec, records, starts, shown)
+        if figure:
+            figures.append(figure)
+        else:
+            left_out.append(spec[1] + NOT_LOGGED.get(spec[0], ""))
+    (out / "envs.html").write_text(envs_page(run_dir, samples), encoding="utf-8")
+    (out / "designs.html").write_text(designs_page(samples), encoding="utf-8")
+    index = out / "index.html"
+    index.write_text(index_page(run_dir, header, records, figures, left_out), encoding="utf-8")
+    return index, len(records)
+
+
+def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], shown: set) -> Figured | None:
+    """One entry of FIGURES, drawn into out/ (its keys that an earlier figure drew are skipped, and added to
+    `shown`); None when nothing of it was logged. A panel of a metric that never changed becomes a row of the
+    figure's table, and a figure whose metrics all stayed constant is that table alone (no image)."""
+    file, title, ylabel, keys, caption = spec
+    keys = [k for k in expand(keys, records) if k not in shown and not (file == "env_stats.png" and k in PLAIN)]
+    if file == "other.png":
+        keys = [k for k in sorted({k for r in records for k in r}) if k not in shown and k != "step"]
+    designed = any(number(r.get("designer/attempts")) for r in records)
+    drawn = (["designer/rejections"] if designed else []) if file == "rejections.png" else numeric(keys, records)
+    if not drawn:
+        return None
+    shown |= set(drawn)
+    constants = [[k, fmt(constant_value(k, records))] for k in drawn
+                 if file in PANELS and constant_value(k, records) is not None]
+    varying = [k for k in drawn if k not in {k for k, _ in constants}]
+    if file == "rejections.png":
+        rejections_figure(out / file, records, starts)
+    elif file in PANELS and varying:
+        panels_figure(out / file, records, varying, starts)
+    elif varying:
+        line_figure(out / file, title, ylabel, records, varying, starts)
+    notes = [caption, f"Drawn: {', '.join(varying)}." if varying else "",
+             "The same at every step, so in the table instead: " + ", ".join(k for k, _ in constants) + "."
+             if constants else ""]
+    return Figured(file if varying else None, title, " ".join(n for n in notes if n), constants)
