@@ -491,21 +491,40 @@ ACTION = re.compile(r"\\boxed\{|<tool_call>|<answer>")   # a reply that holds an
 
 
 def reply_stats(plays: list) -> dict:
-    """How the agent replies (what SPADE's agent learns: short probing actions instead of long derivations): mean
-    tokens of the first reply and of every reply, the share of replies the token limit cut (never played) and the
-    share that hold an action. A reply is a run of loss-mask-1 tokens of an episode.
+    """How the agent replies: mean tokens of the first reply and of every reply, the share of replies the token
+    limit cut (never played), the share that hold an action, and two signs of (not) reading the environment:
+    refuted_repeat_share, among the actions after an episode's first, those that repeat an earlier action of
+    the episode that did not win (in a game where a wrong pick is told wrong, a choice already refuted), and
+    echo_share, the replies that copy a line (20+ characters) of the observation they answer. A reply is a
+    run of loss-mask-1 tokens of an episode.
 
     >>> from types import SimpleNamespace as E
-    >>> ep = E(loss_mask=[0, 0, 1, 1, 1, 0, 1], transcript=[{"turn": 0}, {"reply": "\\\\boxed{2}"}, {"reply": "um", "cut": True}])
-    >>> reply_stats([ep])
-    {'agent/first_reply_tokens': 3.0, 'agent/reply_tokens': 2.0, 'agent/cut_share': 0.5, 'agent/action_share': 0.5}
+    >>> ep = E(loss_mask=[0, 0, 1, 1, 1, 0, 1], transcript=[{"turn": 0, "observation": "Pick a cup, 1 2 or 3, now."},
+    ...        {"reply": "\\\\boxed{2}", "action": "\\\\boxed{2}", "observation": "Cup 2 is empty; pick again."},
+    ...        {"reply": "Cup 2 is empty; pick again. \\\\boxed{2}", "action": "\\\\boxed{2}"}])
+    >>> reply_stats([ep])["agent/refuted_repeat_share"], reply_stats([ep])["agent/echo_share"]
+    (1.0, 0.5)
     """
     lengths = [[len(r) for r in "".join(map(str, ep.loss_mask)).split("0") if r] for ep in plays]
     replies = [t for ep in plays for t in ep.transcript if "reply" in t]
+    repeats, echoes = [], []
+    for ep in plays:
+        tried, seen = set(), ""
+        for t in ep.transcript:
+            if "reply" in t:
+                echoes.append(any(len(line.strip()) >= 20 and line.strip() in t["reply"] for line in seen.splitlines()))
+            if "action" in t:
+                action = " ".join(t["action"].split()).lower()
+                if tried:
+                    repeats.append(action in tried)
+                tried.add(action)
+            seen = t.get("observation", seen)
     return {"agent/first_reply_tokens": _mean(x[0] for x in lengths if x) if any(lengths) else None,
             "agent/reply_tokens": _mean(n for x in lengths for n in x) if any(lengths) else None,
             "agent/cut_share": _mean(bool(t.get("cut")) for t in replies) if replies else None,
-            "agent/action_share": _mean(bool(ACTION.search(t["reply"])) for t in replies) if replies else None}
+            "agent/action_share": _mean(bool(ACTION.search(t["reply"])) for t in replies) if replies else None,
+            "agent/refuted_repeat_share": _mean(repeats) if repeats else None,
+            "agent/echo_share": _mean(echoes) if echoes else None}
 
 
 def log_samples(run: Run, step: int, window, live: list, first: bool, window_records: list,

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import re
 import shlex
 import shutil
 import subprocess
@@ -36,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import cli  # noqa: E402
 import envs  # noqa: E402
+import evaluate  # noqa: E402
 import models  # noqa: E402
 import report  # noqa: E402
 import runs  # noqa: E402
@@ -45,11 +48,17 @@ import train  # noqa: E402
 # the kept run's settings (README "Expected results"); each is a train flag, and the command line may override
 # (2 turns of 64 tokens, not the preset's 3 of 96: 800 held-out episodes must fit the hour on 2 cores; the
 # preset's 3 x 96 played 32 episodes in 160 s here)
-TRAIN = dict(preset="tiny", steps=8, envs_per_step=2, plays=16, hinted_plays=0, lr=1e-3, regen_interval=1,
-             max_turns=2, agent_max_new_tokens=64, agent_max_episode_tokens=128, checkpoint_every=8,
+# 3 turns, where strategy pays: in cups (3 cups) a policy that never repeats a refuted cup wins every game,
+# a uniformly random pick 0.70, always the same cup 0.33; the observations list every action's format, none
+# as "the" example
+TRAIN = dict(preset="tiny", steps=12, envs_per_step=2, plays=16, hinted_plays=0, lr=1e-3, regen_interval=1,
+             max_turns=3, agent_max_new_tokens=48, agent_max_episode_tokens=144, checkpoint_every=12,
              keep_checkpoints=1)
 CURVES = ["agent/return_nohint", "agent/win_rate", "agent/cut_share", "agent/action_share",
-          "agent/first_reply_tokens", "agent/reply_tokens"]
+          "agent/refuted_repeat_share", "agent/echo_share", "agent/first_reply_tokens", "agent/reply_tokens"]
+SCRIPTED = ("random", "random_no_repeat", "example_action", "oracle")
+VALID = {"cups": lambda obs: ["1", "2", "3"], "doors": lambda obs: list("ABCD"), "coin": lambda obs: ["left", "right"],
+         "largest": lambda obs: re.findall(r"\d+", obs.split("Numbers:")[-1].split("]")[0])}
 
 
 def bootstrap_ci(values: np.ndarray, rng: np.random.Generator, n: int = 10_000) -> list[float]:
@@ -65,11 +74,81 @@ def arm(episodes: list, rng) -> dict:
             **{k.split("/")[1]: (round(v, 3) if v is not None else None) for k, v in runs.reply_stats(episodes).items()}}
 
 
-def compare(base: list, trained: list, rng) -> dict:
-    """Both arms and the paired difference (episode k of both arms is the same environment and seed)."""
-    diff = np.array([t.episode_return - b.episode_return for b, t in zip(base, trained)], dtype=np.float64)
-    return {"base": arm(base, rng), "trained": arm(trained, rng), "diff": round(float(diff.mean()), 4),
-            "diff_ci95": bootstrap_ci(diff, rng)}
+def paired(a: list, b: list, rng) -> dict:
+    """b - a, paired by episode (the same environment and seed in both lists)."""
+    diff = np.array([y.episode_return - x.episode_return for x, y in zip(a, b)], dtype=np.float64)
+    return {"diff": round(float(diff.mean()), 4), "diff_ci95": bootstrap_ci(diff, rng)}
+
+
+def normalised(trained: list, rand: list, oracle: list, rng, n: int = 10_000) -> dict:
+    """(R - R_random) / (R_oracle - R_random), with a 95% interval from resampling the seeds (paired)."""
+    t, r, o = (np.array([e.episode_return for e in x], dtype=np.float64) for x in (trained, rand, oracle))
+    idx = rng.integers(0, len(t), size=(n, len(t)))
+    gap = o[idx].mean(1) - r[idx].mean(1)
+    boot = (t[idx].mean(1) - r[idx].mean(1)) / np.where(gap == 0, np.nan, gap)
+    score = (t.mean() - r.mean()) / (o.mean() - r.mean()) if o.mean() != r.mean() else float("nan")
+    return {"score": round(float(score), 4), "ci95": [round(float(np.nanpercentile(boot, q)), 4) for q in (2.5, 97.5)]}
+
+
+def compare(arms: dict, rng) -> dict:
+    """Every arm, the paired differences trained - base and trained - random (episode k of every arm is the
+    same environment and seed), and the trained arm normalised between random (0) and the oracle (1)."""
+    out = {"base": arm(arms["base"], rng), "trained": arm(arms["trained"], rng),
+           **paired(arms["base"], arms["trained"], rng),
+           "baselines": {name: arm(arms[name], rng) for name in SCRIPTED + ("base_format_controlled",) if name in arms},
+           "vs_random": paired(arms["random"], arms["trained"], rng),
+           "normalised": normalised(arms["trained"], arms["random"], arms["oracle"], rng)}
+    return out
+
+
+def scripted_turn(policy: str, chosen: list, names: list, oracles: list, seed: int):
+    """A stand-in for models.generate_turn that plays a scripted policy through the same play path (no model):
+    it reads each episode's latest observation from its token sequence and replies one boxed action."""
+    rng, tried = random.Random(seed), {}
+
+    def turn(model, tok, rows, sequences, prev, deltas, **gen):
+        replies = []
+        for i, seq, delta in zip(rows, sequences, deltas):
+            obs = tok.decode(delta or seq, skip_special_tokens=True)   # the latest observation (turn 0: the prompt)
+            valid = VALID[names[chosen[i].key[0]]](obs) or ["1"]
+            mine = tried.setdefault(i, [])
+            if policy == "random":
+                action = rng.choice(valid)
+            elif policy == "random_no_repeat":
+                action = rng.choice([a for a in valid if a not in mine] or valid)
+            elif policy == "example_action":
+                shown = re.findall(r"\\boxed\{([^{}]*)\}", obs)
+                action = shown[0] if shown else valid[0]   # the first action the observation shows
+            else:
+                action = oracles[i]
+            mine.append(action)
+            text = "\\boxed{" + action + "}"
+            ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            replies.append(models.Completion(list(seq), ids, text, True, [0.0] * len(ids)))
+        return replies, None
+    return turn
+
+
+def oracle_actions(cfg, chosen: list) -> list[str]:
+    """The boxed content of each episode's solution() at its seed (the environment's own answer)."""
+    out = []
+    for s in chosen:
+        _, actions = evaluate.reference_solution(s.code, s.seed, cfg.max_turns, train.limits_of(cfg))
+        out.append(actions[0][len("\\boxed{"):-1] if actions else "")
+    return out
+
+
+def play_scripted(cfg, tok, chosen: list, names: list, seed: int) -> dict:
+    """Every scripted policy on the same specs through spade_mini.play, the model's turn replaced by the policy."""
+    oracles, out = oracle_actions(cfg, chosen), {}
+    real = models.generate_turn
+    try:
+        for k, policy in enumerate(SCRIPTED):
+            models.generate_turn = scripted_turn(policy, chosen, names, oracles, seed + k)
+            out[policy] = play(None, tok, cfg, chosen, seed)
+    finally:
+        models.generate_turn = real
+    return out
 
 
 def specs(files: list[Path], episodes: int, seed: int, role: str, prompt: str) -> list:
@@ -107,6 +186,10 @@ def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> dict:
         out[label] = {name: play(model, tok, cfg, chosen, envs.derive_seed(args.seed, -1, "eval-sample", 0))
                       for name, chosen in (("seen", seen), ("unseen", unseen))}
         print(f"{label}: {args.episodes} + {args.episodes} held-out episodes in {time.time() - t0:.0f} s", flush=True)
+    for name, chosen, files in (("seen", seen, args.seen_files), ("unseen", unseen, args.unseen_files)):
+        scripted = play_scripted(cfg, tok, chosen, [f.stem for f in files], envs.derive_seed(args.seed, -1, "eval-script", 0))
+        for policy, episodes in scripted.items():
+            out.setdefault(policy, {})[name] = episodes
     return out
 
 
@@ -116,40 +199,51 @@ def figure(path: Path, records: list[dict], result: dict) -> None:
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     steps = [r["step"] for r in records]
-    for key in CURVES[:4]:
+    for key in CURVES[:6]:
         axes[0].plot(steps, [r.get(key) if r.get(key) is not None else np.nan for r in records], marker="o", label=key)
     axes[0].set(title="Training (unhinted plays, per step)", xlabel="step", ylim=(-0.05, 1.05))
     axes[0].legend(fontsize=8)
-    for key in CURVES[4:]:
+    for key in CURVES[6:]:
         axes[1].plot(steps, [r.get(key) if r.get(key) is not None else np.nan for r in records], marker="o", label=key)
     axes[1].set(title="Reply length (tokens)", xlabel="step")
     axes[1].legend(fontsize=8)
-    x = np.arange(2)
-    for offset, label in ((-0.2, "base"), (0.2, "trained")):
-        means = [result[s][label]["mean_return"] for s in ("seen", "unseen")]
-        lo = [m - result[s][label]["ci95"][0] for m, s in zip(means, ("seen", "unseen"))]
-        hi = [result[s][label]["ci95"][1] - m for m, s in zip(means, ("seen", "unseen"))]
-        axes[2].bar(x + offset, means, 0.4, yerr=[lo, hi], capsize=4, label=label)
+    x, labels = np.arange(2), [label for label, _ in arms_of(result["seen"])]
+    width = 0.8 / len(labels)
+    for k, label in enumerate(labels):
+        got = [dict(arms_of(result[s]))[label] for s in ("seen", "unseen")]
+        means = [a["mean_return"] for a in got]
+        lo = [m - a["ci95"][0] for m, a in zip(means, got)]
+        hi = [a["ci95"][1] - m for m, a in zip(means, got)]
+        axes[2].bar(x - 0.4 + width * (k + 0.5), means, width, yerr=[lo, hi], capsize=2, label=label)
     axes[2].set_xticks(x, [f"seen (n={result['seen']['base']['n']})", f"unseen (n={result['unseen']['base']['n']})"])
     axes[2].set(title="Held-out seeds: mean return, 95% CI", ylim=(-0.05, 1.05))
-    axes[2].legend()
+    axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def arms_of(by_arm: dict) -> list[tuple[str, dict]]:
+    """(label, arm) of every arm of a set, the model's first, then the scripted baselines."""
+    return [("base", by_arm["base"]), ("trained", by_arm["trained"]), *by_arm["baselines"].items()]
 
 
 def markdown(result: dict, records: list[dict]) -> str:
     lines = [f"# Learning: {result['steps']} self-play steps, base vs trained on held-out seeds", "",
              f"`{result['command']}` at commit {result['commit']}, {result['wall_s'] / 60:.1f} min wall "
              f"({result['load']}).", "",
-             "| set | arm | n | mean return | 95% CI | win rate | first reply tokens | cut share | action share |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| set | arm | n | mean return | 95% CI | refuted repeats | echoes | first reply tokens | cut share |"
+             " action share |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in ("seen", "unseen"):
-        for label in ("base", "trained"):
-            a = result[s][label]
+        for label, a in arms_of(result[s]):
             lines.append(f"| {s} | {label} | {a['n']} | {a['mean_return']:.3f} | [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}]"
-                         f" | {a['win_rate']:.3f} | {a['first_reply_tokens']} | {a['cut_share']} | {a['action_share']} |")
-        lines.append(f"| {s} | trained - base | | {result[s]['diff']:+.3f} | [{result[s]['diff_ci95'][0]:+.3f}, "
-                     f"{result[s]['diff_ci95'][1]:+.3f}] (paired) | | | | |")
+                         f" | {a['refuted_repeat_share']} | {a['echo_share']} | {a['first_reply_tokens']} | "
+                         f"{a['cut_share']} | {a['action_share']} |")
+        for label, d in (("trained - base", result[s]), ("trained - random", result[s]["vs_random"])):
+            lines.append(f"| {s} | {label} | | {d['diff']:+.3f} | [{d['diff_ci95'][0]:+.3f}, "
+                         f"{d['diff_ci95'][1]:+.3f}] (paired) | | | | | |")
+        norm = result[s]["normalised"]
+        lines.append(f"| {s} | (trained - random) / (oracle - random) | | {norm['score']:+.3f} | "
+                     f"[{norm['ci95'][0]:+.3f}, {norm['ci95'][1]:+.3f}] | | | | | |")
     lines += ["", f"Seen: {', '.join(result['seen_envs'])}; unseen: {', '.join(result['unseen_envs'])}.", "",
               "| step | " + " | ".join(CURVES) + " |", "|---|" + "---|" * len(CURVES)]
     for r in records:
@@ -174,6 +268,7 @@ def main() -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
     seen_files = [ROOT / "examples" / f"{name}.py" for name in args.seen.split(",")]
     unseen_files = sorted(Path(args.unseen).glob("*.py"))
+    args.seen_files, args.unseen_files = seen_files, unseen_files
     with tempfile.TemporaryDirectory() as pool:
         for f in seen_files:
             shutil.copy(f, pool)
@@ -196,8 +291,7 @@ def main() -> None:
               "seen_envs": [f.stem for f in seen_files], "unseen_envs": [f.stem for f in unseen_files],
               "config": {k: getattr(cfg, k) for k in ("model", "steps", "envs_per_step", "plays", "max_turns", "lr",
                                                        "agent_max_new_tokens", "agent_max_episode_tokens", "temperature")},
-              "seen": compare(played["base"]["seen"], played["trained"]["seen"], rng),
-              "unseen": compare(played["base"]["unseen"], played["trained"]["unseen"], rng)}
+              **{s: compare({label: by_set[s] for label, by_set in played.items()}, rng) for s in ("seen", "unseen")}}
     records = report.load_run(run_dir)[1]
     (out / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "learning.md").write_text(markdown(result, records))

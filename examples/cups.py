@@ -20,7 +20,7 @@ class CupsEnv:
     def _show(self, message):
         down = [c for c in (1, 2, 3) if c not in self.empty]
         return (f"{message}\nCups not yet shown empty: {down}. Turn {self.turn_count}/{self.max_turns}.\n"
-                f"Pick a cup like \\boxed{{2}}.")
+                f"Pick a cup: \\boxed{{1}}, \\boxed{{2}} or \\boxed{{3}}.")
 
     def step(self, action):
         self.turn_count += 1

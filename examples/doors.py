@@ -15,7 +15,7 @@ class DoorsEnv:
 
     def _show(self, message):
         closed = [d for d in "ABCD" if d not in self.opened]
-        return f"{message}\nClosed doors: {', '.join(closed)}. Open one like \\boxed{{C}}."
+        return f"{message}\nClosed doors: {', '.join(closed)}. Open one: \\boxed{{A}}, \\boxed{{B}}, \\boxed{{C}} or \\boxed{{D}}."
 
     def step(self, action):
         self.turn_count += 1
