@@ -143,6 +143,8 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--tool-rounds must be >= 0 (got {cfg.tool_rounds})")
     if cfg.quantize not in ("auto", "none", "nf4"):
         raise InputError("--quantize must be auto, none or nf4")
+    if cfg.train_bf16 not in ("auto", "on", "off"):
+        raise InputError("--train-bf16 must be auto, on or off")
     for name in ("temperature", "lr", "call_timeout", "dist_timeout"):
         if not getattr(cfg, name) > 0:
             raise InputError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")

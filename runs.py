@@ -101,6 +101,7 @@ class Config:
     play_wave: int = 0                  # episodes that decode together (0 = all; on CUDA the plan may lower it)
     gpu_gb: float = 0.0                 # GPU memory the plan sizes the run to (0 = free CUDA memory at start)
     max_grad_norm: float = 1.0          # gradient clipping
+    train_bf16: str = "auto"            # bf16 autocast of the update: auto (CPUs with native bf16) | on | off (fp32)
     # sandbox
     call_timeout: float = 5.0           # seconds per environment call (init, reset, step)
     env_memory_mb: int = 1024           # address-space limit of one environment process

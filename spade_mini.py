@@ -310,7 +310,10 @@ class Sample:
 
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
                     temperature: float) -> torch.Tensor:
-    logits = head(hidden).float() / temperature  # (C, V)
+    # note: under bf16 autocast the LM head still runs in fp32: bf16 logits (8 bits of mantissa) would move a
+    # log-prob by ~0.03 at logit 10, more than every other rounding here together
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = head(hidden.float()).float() / temperature  # (C, V)
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)  # (C,)
 
 
@@ -386,13 +389,13 @@ def mismatch(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch
 
 
 def sampled_logprobs(model, rows: list, *, temperature: float, token_budget: int, pad_id: int,
-                     chunk_size: int = 512) -> list[list[float]]:
+                     chunk_size: int = 512, bf16: bool = False) -> list[list[float]]:
     """The current weights' log-probs (T,) of each (token_ids, loss_mask) row (0 where the mask is 0), in eval
     mode (no dropout, as when sampled) with the update's own token_logprobs: taken right after sampling they are
     the sampling policy's (a designer sample's TIS denominator); before a step, pi_old."""
     out: list = [None] * len(rows)
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), models.autocast(bf16, model):
         for batch in models.micro_batches([len(ids) for ids, _ in rows], token_budget):
             ids, attn, mask = models.batch_tensors([rows[j] for j in batch], pad_id, model.device)  # (b, T)
             logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
@@ -436,7 +439,7 @@ def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dic
 
 def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_low: float = 0.2,
            clip_high: float = 0.28, kl_beta: float = 0.0, token_budget: int, max_grad_norm: float,
-           pad_id: int = 0, updates: int = 1, seed: int = 0, chunk_size: int = 512) -> dict:
+           pad_id: int = 0, updates: int = 1, seed: int = 0, chunk_size: int = 512, bf16: bool = False) -> dict:
     """`updates` (K) optimizer steps over the samples. K = 1: ONE step on all of them (the ratio is 1, the clip
     cannot bind). K > 1: the samples are shuffled (by `seed`) into K mini-batches, one step each, against
     log-probs taken once before the first (cleanrl's PPO mini-batches): the ratio moves and the clip binds.
@@ -456,7 +459,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
     old = dict(zip(wanted, sampled_logprobs(model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted],
                                             temperature=temperature, token_budget=token_budget, pad_id=pad_id,
-                                            chunk_size=chunk_size))) if len(shares) > 1 or dropout else None
+                                            chunk_size=chunk_size, bf16=bf16))) if len(shares) > 1 or dropout else None
     model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     params = [p for p in model.parameters() if p.requires_grad]
     totals = dict.fromkeys(("loss", "clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"), 0.0)
@@ -466,9 +469,10 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
         optimizer.zero_grad(set_to_none=True)
         for batch in models.micro_batches([len(samples[i].token_ids) for i in own], token_budget):
             part = [samples[own[j]] for j in batch]
-            _accumulate(model, part, None if old is None else [old[own[j]] for j in batch], len(share), totals,
-                        temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta,
-                        pad_id=pad_id, chunk_size=chunk_size)
+            with models.autocast(bf16, model):   # --train-bf16: matmuls in bf16, LoRA weights and grads fp32
+                _accumulate(model, part, None if old is None else [old[own[j]] for j in batch], len(share),
+                            totals, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
+                            kl_beta=kl_beta, pad_id=pad_id, chunk_size=chunk_size)
         models.sum_gradients(params)    # torchrun: the gradient of all the step's samples, then clipped
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()

@@ -207,7 +207,8 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         valid = [o for o, v in zip(outs, verdicts) if v.valid]   # trained R - 1 updates later: TIS needs these
         logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
             o.prompt_ids) + [1] * len(o.completion_ids)) for o in valid], temperature=cfg.temperature,
-            token_budget=cfg.token_budget, pad_id=st.tok.pad_token_id or 0))
+            token_budget=cfg.token_budget, pad_id=st.tok.pad_token_id or 0, bf16=models.bf16_autocast(cfg.train_bf16,
+                                                                                                     st.model)))
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]), out.prompt_ids,
                                    out.completion_ids, out.text, code, verdict,
@@ -406,7 +407,8 @@ def optimize(st: State, step: int, samples: list) -> dict:
                             clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_beta=cfg.kl_beta,
                             token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm,
                             pad_id=st.tok.pad_token_id or 0, updates=cfg.updates_per_step,
-                            seed=envs.derive_seed(cfg.seed, step, "update", 0))
+                            seed=envs.derive_seed(cfg.seed, step, "update", 0),
+                            bf16=models.bf16_autocast(cfg.train_bf16, st.model))
     names = {"loss": "loss/policy", "tokens_per_s": "perf/train_tok_per_s", "peak_mem_mb": "perf/peak_mem_mb"}
     return {**{names.get(k, f"loss/{k}"): v for k, v in out.items() if k not in ("samples", "seconds", "padded_tokens")},
             **counts}

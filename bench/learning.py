@@ -49,10 +49,10 @@ import train  # noqa: E402
 # (2 turns of 64 tokens, not the preset's 3 of 96: 800 held-out episodes must fit the hour on 2 cores; the
 # preset's 3 x 96 played 32 episodes in 160 s here)
 # 3 turns, where strategy pays: in cups (3 cups) a policy that never repeats a refuted cup wins every game,
-# a uniformly random pick 0.70, always the same cup 0.33; the observations list every action's format, none
-# as "the" example
-TRAIN = dict(preset="tiny", steps=12, envs_per_step=2, plays=16, hinted_plays=0, lr=1e-3, regen_interval=1,
-             max_turns=3, agent_max_new_tokens=48, agent_max_episode_tokens=144, checkpoint_every=12,
+# a uniformly random pick 0.70, always the same cup 0.33; the observation's example action is drawn anew each
+# turn (copying it is the random policy), so only reading "cup 2 is empty" can beat random
+TRAIN = dict(preset="tiny", steps=16, envs_per_step=2, plays=16, hinted_plays=0, lr=1e-3, regen_interval=1,
+             max_turns=3, agent_max_new_tokens=48, agent_max_episode_tokens=144, checkpoint_every=16,
              keep_checkpoints=1)
 CURVES = ["agent/return_nohint", "agent/win_rate", "agent/cut_share", "agent/action_share",
           "agent/refuted_repeat_share", "agent/echo_share", "agent/first_reply_tokens", "agent/reply_tokens"]
