@@ -520,7 +520,8 @@ class Sampler(LogitsProcessor):
     """Temperature, top-k, top-p, then one token drawn among the kept ones, returned as the only finite score so
     that HF's greedy step (do_sample=False) takes it: the distribution HF's own warpers would sample from, drawn
     over the k kept logits instead of the whole vocabulary (HF sorts all ~50-150k logits of every row for top-p,
-    then softmaxes and draws over all of them: 228 ms a step at 80 rows here, this 9 ms; bench/rollout_bench.py).
+    then softmaxes and draws over all of them: 228 ms a step at 80 rows of SmolLM2 here, this 9 ms; its share of
+    play is bench/play_bench.py's `of_which_sampler_s`).
     temperature 0: greedy (argmax).
 
     It also records the sampling policy's log-prob of every drawn token, log softmax(logits / score_temperature)

@@ -462,8 +462,8 @@ def step_metrics(step: int, window, live: list, first: bool, last: bool, extra: 
     scored = [e for e in live if not e.hung]
     designed = [e for e in window.envs if e.design is not None] if last else []
     solved = [ep for ep in episodes if ep.terminated]
-    at_first = scored if first else []
-    r_hint = [_mean(e.hinted) if e.hinted else _mean(e.unhinted[0]) for e in at_first]
+    at_first = [e for e in scored if e.hinted] if first else []   # no hinted plays (--hinted-plays 0): no R_hint
+    r_hint = [_mean(e.hinted) for e in at_first]
     return {
         "step": step, "skills": window.skills, "window/start": window.start, "window/length": window.length,
         "designer/attempts": len(attempts),

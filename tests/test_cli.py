@@ -451,3 +451,17 @@ def test_the_designer_benchmark_answers_help_before_torch_and_explains_every_opt
     done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
     lines = done.stdout.splitlines()
     assert lines[0] == "8 True False" and "--max-new-tokens" in done.stdout and lines[-1] == "False", done.stdout
+
+
+def test_a_run_without_hinted_plays_logs_no_hinted_return_and_no_regret(tmp_path):
+    """With --hinted-plays 0 there is no R_hint to log: the step logged the unhinted return as R_hint (and a
+    regret of 0), which a plot drew as a measured curve."""
+    import json
+    out = tmp_path / "run"
+    small = ["--model", "tiny-random", "--env-pool", str(EXAMPLES), "--plays", "2", "--hinted-plays", "0",
+             "--max-turns", "1", "--agent-max-new-tokens", "8", "--agent-max-episode-tokens", "8",
+             "--hint-max-new-tokens", "4", "--envs-per-step", "1"]
+    assert cli.main(["train", *small, "--steps", "1", "--out", str(out)]) == 0
+    (step,) = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "step" in r]
+    assert step["agent/return_nohint"] is not None
+    assert step["agent/return_hint"] is None and step["env/regret"] is None

@@ -125,3 +125,41 @@ def test_the_sampler_s_log_probs_are_the_trainer_s_for_the_same_tokens(tiny_mode
     for o, lp in zip(outs, trainer):
         assert len(o.logprobs) == len(o.completion_ids)
         assert max(abs(x - y) for x, y in zip(o.logprobs, lp[len(o.prompt_ids):])) < 1e-4
+
+
+def test_the_update_reports_the_rollout_trainer_mismatch_per_role(tiny_model):
+    """Rollout log-probs 0.5 below the trainer's on every trained token: k3 = e^0.5 - 1.5 = 0.1487 per token,
+    max |delta| 0.5, for the agent; the designer role, with none given, reports None."""
+    model, tok = tiny_model
+    ids, mask = list(range(10, 22)), [0] * 6 + [1] * 6
+    trainer = sm.sampled_logprobs(model, [(ids, mask)], temperature=1.0, token_budget=4096, pad_id=0)[0]
+    rollout = [x - 0.5 if m else 0.0 for x, m in zip(trainer, mask)]
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    out = sm.update(model, opt, [sm.Sample(ids, mask, 1.0, "agent", rollout_logprobs=rollout)], temperature=1.0,
+                    token_budget=4096, max_grad_norm=1.0)
+    assert out["mismatch_k3_agent"] == pytest.approx(0.1487, abs=2e-3)
+    assert out["mismatch_max_agent"] == pytest.approx(0.5, abs=2e-3)
+    assert out["mismatch_k3_designer"] is None and out["mismatch_max_designer"] is None
+
+
+def test_a_bf16_autocast_update_keeps_the_fp32_gradient_direction(tiny_model):
+    """--train-bf16 on: the LoRA gradient of one update is the fp32 one up to bf16 rounding (the LoRA weights and
+    their gradients stay fp32); auto picks it only for an fp32 model on a CPU with native bf16."""
+    model, tok = tiny_model
+    samples = [sm.Sample(list(range(10 + k, 40 + k)), [0] * 10 + [1] * 20, 1.0 if k % 2 else -1.0, "agent")
+               for k in range(4)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = []
+    for bf16 in (False, True):
+        opt = torch.optim.SGD(params, lr=0.0)
+        captured = []
+        hook = [p.register_hook(lambda g, c=captured: c.append(g.clone())) for p in params[:4]]
+        sm.update(model, opt, samples, temperature=1.0, token_budget=4096, max_grad_norm=1e9, bf16=bf16)
+        for h in hook:
+            h.remove()
+        grads.append(torch.cat([g.flatten() for g in captured]))
+        assert all(p.dtype == torch.float32 for p in params)
+    assert not torch.equal(grads[0], grads[1])    # bf16 did run
+    assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.95
+    assert models.bf16_autocast("off", model) is False and models.bf16_autocast("on", model) is True
+    assert models.bf16_autocast("auto", model) is models.native_bf16_cpu()

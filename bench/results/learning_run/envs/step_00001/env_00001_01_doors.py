@@ -8,14 +8,16 @@ class DoorsEnv:
         self.max_turns = max_turns
 
     def reset(self, seed=None):
-        self.prize = random.Random(seed).choice("ABCD")
+        self.rng = random.Random(seed)
+        self.prize = self.rng.choice("ABCD")
         self.opened = []
         self.turn_count = 0
         return self._show("A prize is behind door A, B, C or D."), {}
 
     def _show(self, message):
         closed = [d for d in "ABCD" if d not in self.opened]
-        return f"{message}\nClosed doors: {', '.join(closed)}. Open one: \\boxed{{A}}, \\boxed{{B}}, \\boxed{{C}} or \\boxed{{D}}."
+        # the example is any door, drawn anew each turn: copying it is a uniformly random pick, not a strategy
+        return f"{message}\nClosed doors: {', '.join(closed)}. Open one like \\boxed{{{self.rng.choice('ABCD')}}}."
 
     def step(self, action):
         self.turn_count += 1

@@ -1,4 +1,5 @@
-"""Find the ball under one of three cups; a wrong pick shows that cup empty and the game goes on.
+"""Find the ball under one of three cups; a wrong pick shows that cup empty and the game goes on. The example
+action the observation shows is any cup, drawn each turn (copying it is a random pick).
 
 The easiest example: even a 135M model wins it sometimes, so the CPU demo's agent groups have reward variance.
 """
@@ -11,16 +12,17 @@ class CupsEnv:
         self.max_turns = max_turns
 
     def reset(self, seed=None):
-        rng = random.Random(seed)
-        self.ball = rng.randint(1, 3)
+        self.rng = random.Random(seed)
+        self.ball = self.rng.randint(1, 3)
         self.empty = []
         self.turn_count = 0
         return self._show("A ball is hidden under cup 1, 2 or 3."), {}
 
     def _show(self, message):
         down = [c for c in (1, 2, 3) if c not in self.empty]
+        # the example is any cup, drawn anew each turn: copying it is a uniformly random pick, not a strategy
         return (f"{message}\nCups not yet shown empty: {down}. Turn {self.turn_count}/{self.max_turns}.\n"
-                f"Pick a cup: \\boxed{{1}}, \\boxed{{2}} or \\boxed{{3}}.")
+                f"Pick a cup like \\boxed{{{self.rng.randint(1, 3)}}}.")
 
     def step(self, action):
         self.turn_count += 1
