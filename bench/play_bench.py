@@ -144,12 +144,16 @@ def main() -> None:
     episodes = spade_mini.play(model, tok, specs, stats=stats, **kw)
     play_s = time.perf_counter() - t
     flops = useful_flops(model, episodes)
+    head = model.get_output_embeddings().weight.numel()
+    sampled_only = flops - 2.0 * head * (sum(len(e.token_ids) for e in episodes) - stats["generated_tokens"])
     needed = sum(len(e.token_ids) for e in episodes)
     forward_s = clock.s["prefill"] + clock.s["decode"]
     for name, value in [
             ("episodes", len(episodes)), ("play_s", round(play_s, 2)),
             ("useful_tflop", round(flops / 1e12, 3)), ("useful_gflops", round(flops / play_s / 1e9, 1)),
             ("useful_over_fp32_peak", round(flops / play_s / 1e9 / fp32, 3)),
+            # the same without the LM head on tokens that are only read (an engine needs logits where it samples)
+            ("useful_over_fp32_peak_head_where_sampled", round(sampled_only / play_s / 1e9 / fp32, 3)),
             ("prefill_s", round(clock.s["prefill"], 2)), ("decode_s", round(clock.s["decode"], 2)),
             ("of_which_cache_s", round(clock.s["cache"], 2)),
             ("sampling_and_loop_s", round(stats["generate_s"] - forward_s, 2)),
