@@ -315,9 +315,9 @@ def read_file(path: str, limit: int = 1_000_000, flag: str = "") -> bytes:
     return p.read_bytes()
 
 
-def cmd_validate(path: str, as_json: bool, timeout: float, setting: str = "games") -> int:
+def cmd_validate(path: str, as_json: bool, timeout: float, setting: str = "games", fair_games: bool = True) -> int:
     verdict = envs.validate(read_file(path, limit=1 << 40), Limits(call_timeout=timeout),  # bytes: bad UTF-8 is a reason
-                            setting=setting)
+                            setting=setting, fair_games=fair_games)
     print(f"{path}: {'valid' if verdict.valid else 'rejected'} ({verdict.reason})"
           + (f" class {verdict.class_name}" if verdict.class_name else "")
           + (f": {verdict.detail}" if verdict.detail else ""))
@@ -714,6 +714,8 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
         p[name].add_argument("--setting", default="games", choices=envs.SETTINGS,
                              help="games (\\boxed{} actions) or tool_use (tool environments: <tool_call>, <answer>)")
     p["validate"].add_argument("--json", action="store_true", help="last stdout line is the verdict as JSON")
+    p["validate"].add_argument("--no-fair-games", action="store_true",
+                               help="the contract's checks only, as train --no-fair-games (a designed game gets more)")
     p["play"].add_argument("--seed", type=int, default=0, help="reset seed")
     p["play"].add_argument("--actions", default="", help="file with one action per line (non-interactive)")
     p["play"].add_argument("--max-turns", type=positive(int), default=12, help="turn cap")
@@ -727,7 +729,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
 def run_command(args: dict) -> int:
     command = args.pop("command")
     if command == "validate":
-        return cmd_validate(args["file"], args["json"], args["timeout"], args["setting"])
+        return cmd_validate(args["file"], args["json"], args["timeout"], args["setting"], not args["no_fair_games"])
     if command == "play":
         return cmd_play(args["file"], args["seed"], args["actions"], args["max_turns"], args["timeout"],
                         args["setting"])

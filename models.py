@@ -828,7 +828,8 @@ def bf16_autocast(mode: str, model) -> bool:
     weights already compute in bf16. The LoRA weights stay fp32 (autocast
     casts each matmul's inputs, not the parameters), and the LM head stays fp32 (spade_mini._chunk_logprobs)."""
     if mode == "auto":
-        return model.device.type == "cpu" and model.dtype == torch.float32 and native_bf16_cpu()
+        return getattr(model, "device", None) is not None and model.device.type == "cpu" and \
+            model.dtype == torch.float32 and native_bf16_cpu()
     return mode == "on"
 
 

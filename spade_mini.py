@@ -304,8 +304,7 @@ class Sample:
     advantage: float
     role: str              # "agent" or "designer"
     sampling_logprobs: list[float] | None = None  # (T,) the sampling policy's (TIS); None: pi_old's
-    rollout_logprobs: list[float] | None = None   # (T,) what the sampler itself recorded (models.Sampler): the
-                                                  # rollout/trainer mismatch is measured against these
+    rollout_logprobs: list[float] | None = None   # (T,) the sampler's own record (models.Sampler): the mismatch
 
 
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
@@ -313,7 +312,7 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.
     # note: under bf16 autocast the LM head still runs in fp32: bf16 logits (8 bits of mantissa) would move a
     # log-prob by ~0.03 at logit 10, more than every other rounding here together
     with torch.autocast(hidden.device.type, enabled=False):
-        logits = head(hidden.float()).float() / temperature  # (C, V)
+        logits = head(hidden.to(head.weight.dtype)).float() / temperature  # (C, V)
     return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)  # (C,)
 
 

@@ -207,8 +207,8 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         valid = [o for o, v in zip(outs, verdicts) if v.valid]   # trained R - 1 updates later: TIS needs these
         logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
             o.prompt_ids) + [1] * len(o.completion_ids)) for o in valid], temperature=cfg.temperature,
-            token_budget=cfg.token_budget, pad_id=st.tok.pad_token_id or 0, bf16=models.bf16_autocast(cfg.train_bf16,
-                                                                                                     st.model)))
+            token_budget=cfg.token_budget, pad_id=st.tok.pad_token_id or 0,
+            bf16=models.bf16_autocast(cfg.train_bf16, st.model)))
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]), out.prompt_ids,
                                    out.completion_ids, out.text, code, verdict,
@@ -374,10 +374,8 @@ def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
         advantages = regret.agent_advantages(e.unhinted[-1], e.trained[-1])
         if not any(advantages):
             continue                    # a tie: no gradient
-        # note: the sampler's own log-probs are the agent's pi_sampling (the official TIS): 1 in fp32 on the CPU,
-        # and the correction when the trainer computes otherwise (bf16 autocast, NF4 on a GPU)
-        samples += [spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent", ep.rollout_logprobs,
-                                      ep.rollout_logprobs)
+        # note: pi_sampling is the sampler's own record (the official TIS: corrects bf16 / NF4 training)
+        samples += [spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent", *[ep.rollout_logprobs] * 2)
                     for ep, adv, t in zip(plays, advantages, e.trained[-1]) if t]
     return samples, {"agent/zero_variance_frac": evaluate.zero_variance_fraction(groups) if groups else None}
 

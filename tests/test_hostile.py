@@ -10,6 +10,7 @@ import errno
 import html
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -1042,7 +1043,7 @@ def test_validate_prints_one_verdict_line_and_json_whatever_the_detail(code, tmp
     assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
     lines = out.splitlines()
     assert printable(out, newlines=True) and len(lines) == 1 + len(envs.CHECKS) + 1, out
-    assert lines[0].startswith(f"{path}: rejected (reset_error) class AttackEnv: reset(42): ")
+    assert re.match(rf"{re.escape(str(path))}: rejected \(reset_error\) class AttackEnv: reset\(\d+\): ", lines[0])
     assert json.loads(lines[-1])["reason"] == "reset_error"
 
 
@@ -1149,7 +1150,7 @@ def test_a_forged_tool_reply_is_a_bad_reply_verdict(value, forge_when):
     code = FORGED_TOOL_ENV.format(reply='{"ok": true, "value": ' + value + "}", forge_when=forge_when)
     verdict = envs.validate(code, Limits(call_timeout=2.0), max_turns=4, setting="tool_use")
     assert not verdict.valid and verdict.reason == "bad_reply", verdict
-    assert verdict.checks["deterministic"] is (forge_when == "self.planned")
+    assert verdict.checks["reset_other"] is (forge_when == "self.planned")   # the probes passed, solution() not
 
 
 @pytest.mark.parametrize("method", ["reset", "step", "solution"])
@@ -1164,7 +1165,8 @@ def test_a_forged_game_reply_is_a_verdict(method):
                 "        return ['\\\\boxed{1}']\n"
     verdict = envs.validate(code, Limits(call_timeout=2.0))
     assert not verdict.valid or method == "solution", verdict
-    assert verdict.reason == {"reset": "reset_error", "step": "bad_step_type", "solution": "ok"}[method], verdict
+    # solution() installs the forged encoder in its own process, whose next reset then answers a dict: a verdict
+    assert verdict.reason == {"reset": "reset_error", "step": "bad_step_type", "solution": "reset_error"}[method], verdict
 
 
 # Class 12: no channel between live environments through the page cache of the files they share. A red team sent

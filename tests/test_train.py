@@ -11,6 +11,7 @@ import pytest
 
 import cli
 import evaluate
+import envs
 import runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +189,9 @@ def test_train_help_lists_a_flag_for_every_config_field():
 def test_validate_accepts_a_file_and_play_replays_its_actions_to_a_win(tmp_path, capsys):
     env = tmp_path / "echo.py"
     env.write_text(ECHO_ENV)
-    assert cli.main(["validate", str(env), "--json"]) == 0
+    assert cli.main(["validate", str(env), "--json"]) == 1   # no solution(): a designed game would be refused
+    assert "fair games" in capsys.readouterr().out
+    assert cli.main(["validate", str(env), "--json", "--no-fair-games"]) == 0
     verdict = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert verdict["valid"] is True and verdict["class_name"] == "EchoEnv" and isinstance(verdict["checks"], dict)
     actions = tmp_path / "actions.txt"
@@ -216,7 +219,7 @@ class LateHangEnv:
         return "Keep going. Answer in \\\\boxed{}.", {}
     def step(self, action):
         self.turn_count += 1
-        while self.seed % 2 == 1 and self.turn_count == 2:
+        while self.seed % 2 == 1 and self.turn_count == 2 and self.seed not in VALIDATION_SEEDS:
             pass
         return "again, in \\\\boxed{}", 0.0, False, self.turn_count >= self.max_turns, {}
 '''
@@ -226,7 +229,8 @@ def test_a_hanging_environment_is_counted_and_does_not_stop_the_run(tmp_path, po
     hostile = tmp_path / "hostile"
     hostile.mkdir()
     (hostile / "echo.py").write_text(ECHO_ENV)
-    (hostile / "late_hang.py").write_text(LATE_HANG_ENV)
+    # note: it passes validation (at the reset seeds a folder is validated at) and hangs in play
+    (hostile / "late_hang.py").write_text(f"VALIDATION_SEEDS = {envs.validation_seeds(0)}\n" + LATE_HANG_ENV)
     out = tmp_path / "run"
     argv = ["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(hostile), "--plays", "6",
             "--call-timeout", "1", "--agent-max-new-tokens", "48", "--agent-max-episode-tokens", "144"]
