@@ -467,7 +467,9 @@ def designer_state(monkeypatch, code: str, temperature: float, seen: dict, memor
         models.Completion(p, [3], "```python\n" + code + "\n```", True) for p in prompts])
     monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: seen.update(kw) or [
         [0.0] * len(ids) for ids, _ in rows])
-    return SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, temperature=temperature),
+    # fair_games off: NO_KEYWORD_ENV's answer is a constant, which the fair-game guard refuses (fixed_answer)
+    return SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, temperature=temperature,
+                                           fair_games=False),
                            corpus=["a doc"], memory=memory or envs.Memory("/nonexistent/m.json"),
                            tok=SimpleNamespace(pad_token_id=0), model=None)
 
