@@ -622,11 +622,15 @@ def lora_merged(model):
     the LoRA weights folded into a copy of each base weight for the call, the adapter switched off, the original
     weights put back after (untouched, so nothing drifts). Only for unquantized fp32 weights: a 4-bit base cannot
     take the sum without a lossy requantization, and bf16 rounds it. The same function with fewer kernel calls:
-    log-probs within 1e-4 of the unmerged model (tests/test_engine.py)."""
+    log-probs within 1e-4 of the unmerged model (tests/test_engine.py).
+
+    subtle: the merged copies cost as much memory as the weights they replace (0.5 GB for SmolLM2-135M, 16 GB
+    for a 4B model in fp32), so they are made only when they fit in half the memory free now."""
     layers = [m for m in model.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")
               and isinstance(m.get_base_layer(), torch.nn.Linear) and m.get_base_layer().weight.dtype == torch.float32
               and m.active_adapters and not getattr(m, "merged", False)]
-    if not layers or not hasattr(model, "disable_adapter"):
+    copy_bytes = sum(m.get_base_layer().weight.numel() * 4 for m in layers)
+    if not layers or not hasattr(model, "disable_adapter") or copy_bytes > _free_memory_bytes() / 2:
         yield
         return
     saved = []
@@ -642,6 +646,14 @@ def lora_merged(model):
     finally:
         for base, weight in saved:
             base.weight = weight
+
+
+def _free_memory_bytes() -> float:
+    """Physical memory free now (Linux); infinite where the OS does not say."""
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return float("inf")
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:

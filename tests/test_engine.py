@@ -163,3 +163,14 @@ def test_a_bf16_autocast_update_keeps_the_fp32_gradient_direction(tiny_model):
     assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.95
     assert models.bf16_autocast("off", model) is False and models.bf16_autocast("on", model) is True
     assert models.bf16_autocast("auto", model) is models.native_bf16_cpu()
+
+
+def test_merged_lora_is_skipped_when_its_copies_would_not_fit_in_memory(tiny_model, monkeypatch):
+    model, _ = tiny_model
+    bases = [m.get_base_layer() for m in model.modules() if hasattr(m, "get_delta_weight")]
+    before = [b.weight for b in bases]
+    with models.lora_merged(model):
+        assert any(b.weight is not w for b, w in zip(bases, before))      # merged: copies in place of the weights
+    monkeypatch.setattr(models, "_free_memory_bytes", lambda: 1000.0)
+    with models.lora_merged(model):
+        assert all(b.weight is w for b, w in zip(bases, before))          # no room: the adapter as it is
