@@ -595,8 +595,8 @@ class _GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.get_seq_length() > 0:
-            self.buffers = [x[indices] for x in self.buffers]
+        if self.is_initialized and self.buffers is not None:
+            self.buffers = [x[indices, :, : self.filled] for x in self.buffers]   # (B', H, filled, D): no spare
             self.keys, self.values = (x[:, :, : self.filled] for x in self.buffers)
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -626,11 +626,12 @@ def lora_merged(model):
 
     subtle: the merged copies cost as much memory as the weights they replace (0.5 GB for SmolLM2-135M, 16 GB
     for a 4B model in fp32), so they are made only when they fit in half the memory free now."""
-    layers = [m for m in model.modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")
-              and isinstance(m.get_base_layer(), torch.nn.Linear) and m.get_base_layer().weight.dtype == torch.float32
-              and m.active_adapters and not getattr(m, "merged", False)]
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    mergeable = all(hasattr(m, "get_delta_weight") and isinstance(m.get_base_layer(), torch.nn.Linear)
+                    and m.get_base_layer().weight.dtype == torch.float32 and not getattr(m, "merged", False)
+                    for m in layers)   # subtle: disable_adapter switches every adapter off, merged or not
     copy_bytes = sum(m.get_base_layer().weight.numel() * 4 for m in layers)
-    if not layers or not hasattr(model, "disable_adapter") or copy_bytes > _free_memory_bytes() / 2:
+    if not layers or not mergeable or not hasattr(model, "disable_adapter") or copy_bytes > _free_memory_bytes() / 2:
         yield
         return
     saved = []
@@ -649,11 +650,14 @@ def lora_merged(model):
 
 
 def _free_memory_bytes() -> float:
-    """Physical memory free now (Linux); infinite where the OS does not say."""
+    """Memory available now (Linux's MemAvailable: free plus reclaimable cache); infinite where it is not said."""
     try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return float("inf")
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return float("inf")
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:

@@ -497,7 +497,9 @@ def reply_stats(plays: list) -> dict:
     refuted_repeat_share, among the actions after an episode's first, those that repeat an earlier action of
     the episode that did not win (in a game where a wrong pick is told wrong, a choice already refuted), and
     echo_share, the replies that copy a line (20+ characters) of the observation they answer. A reply is a
-    run of loss-mask-1 tokens of an episode.
+    run of loss-mask-1 tokens of an episode. note: a repeat is a refuted choice only in games that say a wrong pick
+    is wrong (cups, doors, a guess); in a movement game a repeated move is play, and in tool use the observation
+    a reply answers may be a tool result, which echo_share does not read.
 
     >>> from types import SimpleNamespace as E
     >>> ep = E(loss_mask=[0, 0, 1, 1, 1, 0, 1], transcript=[{"turn": 0, "observation": "Pick a cup, 1 2 or 3, now."},

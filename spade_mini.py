@@ -373,10 +373,9 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.T
 def mismatch(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
     """(sum of k3, max |delta|, tokens) over the masked tokens of one sample: how far the trainer's pi_old is from
     the log-probs the sampler drew the same tokens with. k3 = r - 1 - log r with r = pi_old / pi_sampler, an
-    estimate of KL(sampler || trainer) from the sampler's own tokens (>= 0, 0 when on-policy). Shapes (T,).
-
-    Worked example: two tokens, trainer -1.0 and -2.0, sampler -1.0 and -2.5: log r = 0 and 0.5, k3 = 0 and
-    e^0.5 - 1.5 = 0.1487; max |delta| 0.5.
+    estimate of KL(sampler || trainer) from the sampler's own tokens (>= 0, 0 when on-policy; both over the full
+    vocabulary, though the draw is from the top-k/top-p cut). Shapes (T,). Worked example: two tokens, trainer
+    -1.0 and -2.0, sampler -1.0 and -2.5: log r = 0 and 0.5, k3 = 0 and e^0.5 - 1.5 = 0.1487; max |delta| 0.5.
     >>> [round(x, 4) for x in mismatch(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -2.5]), torch.ones(2))]
     [0.1487, 0.5, 2.0]
     """
@@ -403,12 +402,13 @@ def sampled_logprobs(model, rows: list, *, temperature: float, token_budget: int
     return out
 
 
-def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dict, *, temperature: float,
-                clip_low: float, clip_high: float, kl_beta: float, pad_id: int, chunk_size: int) -> None:
+def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dict, *, temperature: float, clip_low: float,
+                clip_high: float, kl_beta: float, pad_id: int, chunk_size: int, bf16: bool = False) -> None:
     """Forward and backward of one micro-batch; the loss is divided by n, the optimizer step's sample count,
     so accumulated micro-batches give exactly the gradient of one big batch."""
     ids, attn, mask = models.batch_tensors([(s.token_ids, s.loss_mask) for s in part], pad_id, model.device)  # (b, T)
-    logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
+    with models.autocast(bf16, model):   # --train-bf16: the forward's matmuls in bf16 (the backward follows them)
+        logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
     # subtle: with one optimizer step, pi_old (the weights before this step) are the weights scored here, so
     # the "old" log-probs are the current ones, detached: ratio == 1 in value, its gradient d logp. A sample
     # sampled by earlier weights (a designer's, R - 1 steps old) is corrected by TIS against its sampling ones.
@@ -419,7 +419,7 @@ def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dic
             sampling[i, : len(s.sampling_logprobs)] = torch.tensor(s.sampling_logprobs, device=model.device)
     ref = None
     if kl_beta > 0:
-        with torch.no_grad(), model.disable_adapter():
+        with torch.no_grad(), model.disable_adapter(), models.autocast(bf16, model):
             ref = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)
     adv = torch.tensor([s.advantage for s in part], dtype=torch.float32, device=model.device)  # (b,)
     per_sample, stats = ppo_clip_loss(logp, old_logp, mask, adv, clip_low=clip_low, clip_high=clip_high,
@@ -468,10 +468,9 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
         optimizer.zero_grad(set_to_none=True)
         for batch in models.micro_batches([len(samples[i].token_ids) for i in own], token_budget):
             part = [samples[own[j]] for j in batch]
-            with models.autocast(bf16, model):   # --train-bf16: matmuls in bf16, LoRA weights and grads fp32
-                _accumulate(model, part, None if old is None else [old[own[j]] for j in batch], len(share),
-                            totals, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
-                            kl_beta=kl_beta, pad_id=pad_id, chunk_size=chunk_size)
+            _accumulate(model, part, None if old is None else [old[own[j]] for j in batch], len(share), totals,
+                        temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta,
+                        pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)
         models.sum_gradients(params)    # torchrun: the gradient of all the step's samples, then clipped
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()

@@ -73,10 +73,9 @@ def main() -> None:
             model.train()
             t = time.perf_counter()
             for batch in models.micro_batches([len(s.token_ids) for s in samples], cfg.token_budget):
-                with models.autocast(bf16, model):
-                    spade_mini._accumulate(model, [samples[j] for j in batch], None, len(samples), totals,
-                                           temperature=cfg.temperature, clip_low=0.2, clip_high=0.28, kl_beta=0.0,
-                                           pad_id=tok.pad_token_id or 0, chunk_size=512)
+                spade_mini._accumulate(model, [samples[j] for j in batch], None, len(samples), totals,
+                                       temperature=cfg.temperature, clip_low=0.2, clip_high=0.28, kl_beta=0.0,
+                                       pad_id=tok.pad_token_id or 0, chunk_size=512, bf16=bf16)
             best = min(best, time.perf_counter() - t)
         grad = torch.cat([p.grad.flatten() for p in params])
         logp = spade_mini.sampled_logprobs(model, rows, temperature=cfg.temperature, token_budget=cfg.token_budget,

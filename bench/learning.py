@@ -86,7 +86,9 @@ def normalised(trained: list, rand: list, oracle: list, rng, n: int = 10_000) ->
     idx = rng.integers(0, len(t), size=(n, len(t)))
     gap = o[idx].mean(1) - r[idx].mean(1)
     boot = (t[idx].mean(1) - r[idx].mean(1)) / np.where(gap == 0, np.nan, gap)
-    score = (t.mean() - r.mean()) / (o.mean() - r.mean()) if o.mean() != r.mean() else float("nan")
+    if o.mean() == r.mean():
+        return {"score": None, "ci95": None}   # the oracle does no better than random: nothing to normalise by
+    score = (t.mean() - r.mean()) / (o.mean() - r.mean())
     return {"score": round(float(score), 4), "ci95": [round(float(np.nanpercentile(boot, q)), 4) for q in (2.5, 97.5)]}
 
 
@@ -120,7 +122,7 @@ def scripted_turn(policy: str, chosen: list, names: list, oracles: list, seed: i
                 shown = re.findall(r"\\boxed\{([^{}]*)\}", obs)
                 action = shown[0] if shown else valid[0]   # the first action the observation shows
             else:
-                action = oracles[i]
+                action = oracles[i][min(len(mine), len(oracles[i]) - 1)]
             mine.append(action)
             text = "\\boxed{" + action + "}"
             ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -129,12 +131,12 @@ def scripted_turn(policy: str, chosen: list, names: list, oracles: list, seed: i
     return turn
 
 
-def oracle_actions(cfg, chosen: list) -> list[str]:
-    """The boxed content of each episode's solution() at its seed (the environment's own answer)."""
+def oracle_actions(cfg, chosen: list) -> list[list[str]]:
+    """The boxed contents of each episode's solution() at its seed (the environment's own answer), one a turn."""
     out = []
     for s in chosen:
         _, actions = evaluate.reference_solution(s.code, s.seed, cfg.max_turns, train.limits_of(cfg))
-        out.append(actions[0][len("\\boxed{"):-1] if actions else "")
+        out.append([a[len("\\boxed{"):-1] for a in actions or []] or [""])
     return out
 
 
@@ -242,8 +244,9 @@ def markdown(result: dict, records: list[dict]) -> str:
             lines.append(f"| {s} | {label} | | {d['diff']:+.3f} | [{d['diff_ci95'][0]:+.3f}, "
                          f"{d['diff_ci95'][1]:+.3f}] (paired) | | | | | |")
         norm = result[s]["normalised"]
-        lines.append(f"| {s} | (trained - random) / (oracle - random) | | {norm['score']:+.3f} | "
-                     f"[{norm['ci95'][0]:+.3f}, {norm['ci95'][1]:+.3f}] | | | | | |")
+        if norm["score"] is not None:
+            lines.append(f"| {s} | (trained - random) / (oracle - random) | | {norm['score']:+.3f} | "
+                         f"[{norm['ci95'][0]:+.3f}, {norm['ci95'][1]:+.3f}] | | | | | |")
     lines += ["", f"Seen: {', '.join(result['seen_envs'])}; unseen: {', '.join(result['unseen_envs'])}.", "",
               "| step | " + " | ".join(CURVES) + " |", "|---|" + "---|" * len(CURVES)]
     for r in records:
@@ -269,6 +272,9 @@ def main() -> None:
     seen_files = [ROOT / "examples" / f"{name}.py" for name in args.seen.split(",")]
     unseen_files = sorted(Path(args.unseen).glob("*.py"))
     args.seen_files, args.unseen_files = seen_files, unseen_files
+    unknown = [f.stem for f in seen_files + unseen_files if f.stem not in VALID]
+    if unknown:   # before an hour of training: the scripted baselines need each game's valid actions
+        sys.exit(f"bench/learning.py: no valid-action list for {', '.join(unknown)} (add it to VALID)")
     with tempfile.TemporaryDirectory() as pool:
         for f in seen_files:
             shutil.copy(f, pool)

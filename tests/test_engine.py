@@ -174,3 +174,18 @@ def test_merged_lora_is_skipped_when_its_copies_would_not_fit_in_memory(tiny_mod
     monkeypatch.setattr(models, "_free_memory_bytes", lambda: 1000.0)
     with models.lora_merged(model):
         assert all(b.weight is w for b, w in zip(bases, before))          # no room: the adapter as it is
+
+
+def test_merged_lora_is_skipped_when_one_lora_layer_cannot_be_merged(tiny_model):
+    """disable_adapter switches every adapter off: merging only the fp32 layers would drop the others' LoRA."""
+    model, _ = tiny_model
+    layers = [m for m in model.modules() if hasattr(m, "get_delta_weight")]
+    bases = [m.get_base_layer() for m in layers]
+    before = [b.weight for b in bases]
+    saved = bases[0].weight
+    bases[0].weight = torch.nn.Parameter(saved.detach().to(torch.bfloat16), requires_grad=False)
+    try:
+        with models.lora_merged(model):
+            assert all(b.weight is w for b, w in zip(bases[1:], before[1:]))
+    finally:
+        bases[0].weight = saved
