@@ -125,7 +125,9 @@ class ScriptedDesigner:
 ARGS = ["--model", "tiny-random", "--skills", "Optimization", "--envs-per-step", "2", "--design-attempts", "2",
         "--plays", "4", "--hinted-plays", "2", "--max-turns", "2", "--hint-max-new-tokens", "8",
         "--agent-max-new-tokens", "32", "--agent-max-episode-tokens", "64", "--doc-words", "40", "--backfill", "",
-        "--regen-interval", "2", "--steps", "4", "--designer-reward", "blend"]
+        "--regen-interval", "2", "--steps", "4", "--designer-reward", "blend", "--train-bf16", "off"]
+# note: fp32 updates, so the tiny model's sampled outcomes (which steps tie) are the same on every CPU, with or
+# without native bf16
 
 
 def lines(path: Path) -> list[dict]:
