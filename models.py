@@ -665,9 +665,9 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
-def _prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, object]:
-    """Prefill each distinct row once, then copy its cache to the rows that repeat it: -> (ids, mask, a cache of
-    all but the last column), for a generate that then starts at the last column. The first prompts of a game
+def _prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor) -> GrowingCache:
+    """Prefill each distinct row once, then copy its cache to the rows that repeat it: -> a cache of all but the
+    last column, for a generate on the same ids and mask that then starts at the last column. The first prompts of a game
     whose first observation does not depend on the seed are all the same (the demo: 26 distinct of 80)."""
     keys = [tuple(row) for row in torch.cat([ids, mask], 1).tolist()]
     first = {key: i for i, key in reversed(list(enumerate(keys)))}
@@ -678,7 +678,7 @@ def _prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch
     model(input_ids=u_ids, attention_mask=u_mask, position_ids=_positions(u_mask), cache=cache, use_cache=True,
           logits_to_keep=1)
     cache.batch_select_indices(where)
-    return ids, mask, cache
+    return cache
 
 
 def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_real: int, max_new_tokens: int,
@@ -710,7 +710,7 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
                 contextlib.nullcontext() if static_cache else lora_merged(model):
             torch.manual_seed(seed)  # subtle: the sampler draws from the global RNG; fork_rng keeps the caller's intact
             if cache is None and not static_cache:
-                ids, mask, cache = _prefill_shared(model, ids, mask) if ids.shape[1] > 1 else (ids, mask, GrowingCache())
+                cache = _prefill_shared(model, ids, mask) if ids.shape[1] > 1 else GrowingCache()
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=criteria,
                                  logits_processor=LogitsProcessorList([sampler]), streamer=_CountTokens(n_real),
                                  cache=cache)

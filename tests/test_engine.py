@@ -109,7 +109,7 @@ def test_identical_prompts_prefilled_once_give_the_tokens_of_separate_prefills(t
     single = [models.generate(model, tok, [p], max_new_tokens=10, **GREEDY)[0].completion_ids for p in prompts]
     assert shared == single
     ids, mask = models._left_pad(prompts, tok.pad_token_id, max(map(len, prompts)), model.device)
-    _, _, cache = real(model, ids, mask)
+    cache = real(model, ids, mask)
     assert cache.get_seq_length() == ids.shape[1] - 1 and cache.layers[0].keys.shape[0] == 5
     assert torch.equal(cache.layers[0].keys[0], cache.layers[0].keys[3])
 
