@@ -141,6 +141,8 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--eval-suites: a comma-separated list of reasoning_gym and bfcl (got {cfg.eval_suites})")
     if cfg.tool_rounds < 0:
         raise InputError(f"--tool-rounds must be >= 0 (got {cfg.tool_rounds})")
+    if cfg.agent_reply_prefix and (cfg.setting != "games" or cfg.thinking):
+        raise InputError("--agent-reply-prefix is for the games setting without --thinking")
     if cfg.quantize not in ("auto", "none", "nf4"):
         raise InputError("--quantize must be auto, none or nf4")
     if cfg.train_bf16 not in ("auto", "on", "off"):

@@ -155,13 +155,13 @@ def evaluate(model, tok, *, limit: int, seed: int = 0, max_new_tokens: int = 256
 
 def pool_win_rate(model, tok, folder: str | Path, *, plays: int = 4, seed: int = 0, max_turns: int = 12,
                   max_new_tokens: int = 256, max_episode_tokens: int = 2048, limits: Limits = Limits(),
-                  setting: str = "games", prompt: str = "agent.txt") -> dict:
+                  setting: str = "games", prompt: str = "agent.txt", reply_prefix: str = "") -> dict:
     """Play every valid environment of `folder` `plays` times without a hint (greedy; the plays differ by
-    environment seed), the first message from prompts/`prompt` as in training. Returns {"pool_win_rate", "pool_return", "pool_envs": {name: win rate}, "pool_skipped"}."""
+    environment seed), the first message from prompts/`prompt` and the replies' prefix as in training. Returns {"pool_win_rate", "pool_return", "pool_envs": {name: win rate}, "pool_skipped"}."""
     t0 = time.time()
     pool, skipped = envs.load_folder(folder, "--env-pool", limits, max_turns, setting)
-    specs = [spade_mini.EpisodeSpec(code, envs.derive_seed(seed, 0, "eval-pool", j * 1000 + i), None, (name, i), prompt)
-             for j, (name, code) in enumerate(pool) for i in range(plays)]
+    specs = [spade_mini.EpisodeSpec(code, envs.derive_seed(seed, 0, "eval-pool", j * 1000 + i), None, (name, i), prompt,
+                                   reply_prefix) for j, (name, code) in enumerate(pool) for i in range(plays)]
     episodes = spade_mini.play(model, tok, specs, max_turns=max_turns, max_new_tokens=max_new_tokens,
                                max_episode_tokens=max_episode_tokens, temperature=0.0, top_p=1.0, top_k=0,
                                seed=seed, limits=limits, setting=setting) if specs else []
@@ -177,7 +177,7 @@ def pool_win_rate(model, tok, folder: str | Path, *, plays: int = 4, seed: int =
 def eval_metrics(model, tok, *, limit: int, seed: int, max_new_tokens: int, env_pool: str = "",
                  pool_plays: int = 4, max_turns: int = 12, max_episode_tokens: int = 2048,
                  limits: Limits = Limits(), suites: list[str] = ("reasoning_gym",), setting: str = "games",
-                 prompt: str = "agent.txt") -> dict:
+                 prompt: str = "agent.txt", reply_prefix: str = "") -> dict:
     """The held-out scores as flat metrics.jsonl keys: eval/score, eval/<category>, eval/answered (suite
     reasoning_gym), eval/bfcl_multi_turn_base (suite bfcl, `limit` items) and, with a pool, eval/pool_win_rate."""
     out = {}
@@ -192,7 +192,7 @@ def eval_metrics(model, tok, *, limit: int, seed: int, max_new_tokens: int, env_
     if env_pool:
         pool = pool_win_rate(model, tok, env_pool, plays=pool_plays, seed=seed, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens, limits=limits,
-                             setting=setting, prompt=prompt)
+                             setting=setting, prompt=prompt, reply_prefix=reply_prefix)
         out.update({"eval/pool_win_rate": pool["pool_win_rate"], "perf/eval_pool_s": pool["pool_s"]})
     return out
 

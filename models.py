@@ -38,8 +38,8 @@ import torch.distributed as dist
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, CompileConfig, DynamicCache,
-                          GenerationConfig, GgufConfig, LlamaConfig, LogitsProcessor, LogitsProcessorList, StaticCache,
-                          StoppingCriteriaList)
+                          GenerationConfig, GgufConfig, LlamaConfig, LogitsProcessor, LogitsProcessorList,
+                          PrefixConstrainedLogitsProcessor, StaticCache, StoppingCriteriaList)
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
 
@@ -332,9 +332,10 @@ def load_for_eval(name: str, adapter: Path | None, merge: bool = True, **load_kw
 # cut after the stop token; the rollout engine's KV-cache reuse across turns (generate_turn); optional static-
 # cache shape buckets
 
-def chat_ids(tok, user_text: str, thinking: bool = False, tools: list[dict] | None = None) -> list[int]:
+def chat_ids(tok, user_text: str, thinking: bool = False, tools: list[dict] | None = None,
+             reply_prefix: str = "") -> list[int]:
     """Token ids of a one-message conversation in the tokenizer's own chat template, ready to generate; tools
-    (OpenAI function schemas) go to the template's own tool block.
+    (OpenAI function schemas) go to the template's own tool block; reply_prefix starts the reply.
 
     note: the template text is tokenized with add_special_tokens=False: templates write BOS themselves.
     note: enable_thinking reaches every template; hybrid ones (Qwen3-8B) think unless it is False, the others
@@ -343,7 +344,7 @@ def chat_ids(tok, user_text: str, thinking: bool = False, tools: list[dict] | No
     text = tok.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
                                    add_generation_prompt=True, enable_thinking=thinking,
                                    **({"tools": tools} if tools else {}))
-    return tok(text, add_special_tokens=False)["input_ids"]
+    return tok(text + reply_prefix, add_special_tokens=False)["input_ids"]
 
 
 _PROBE_REPLY, _PROBE_TOOL = "\x01REPLY\x01", "probe_tool_e7f3"
@@ -683,9 +684,11 @@ def _prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor) -> GrowingCach
 
 def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_real: int, max_new_tokens: int,
                  temperature: float, top_p: float, top_k: int, seed: int, static_cache: bool,
-                 score_temperature: float | None = None):
+                 score_temperature: float | None = None, allowed=None):
     """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given (a new GrowingCache if not).
-    -> (ids (B, T + N), cache, the sampler's log-probs (B, N)).
+    -> (ids (B, T + N), cache, the sampler's log-probs (B, N)). allowed(row, ids) -> the token ids that row may
+    take next (HF's prefix_allowed_tokens_fn: constrained decoding, used by bench/learning.py's
+    base_format_controlled arm), or None.
 
     The tokens are drawn by Sampler (a logits processor: temperature, top-k, top-p over the kept logits) and
     HF decodes greedily on its output; unquantized fp32 LoRA weights are merged for the call (lora_merged);
@@ -712,7 +715,9 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
             if cache is None and not static_cache:
                 cache = _prefill_shared(model, ids, mask) if ids.shape[1] > 1 else GrowingCache()
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=criteria,
-                                 logits_processor=LogitsProcessorList([sampler]), streamer=_CountTokens(n_real),
+                                 logits_processor=LogitsProcessorList(
+                                     [PrefixConstrainedLogitsProcessor(allowed, 1)] * (allowed is not None) + [sampler]),
+                                 streamer=_CountTokens(n_real),
                                  cache=cache)
     finally:
         model.train(was_training)

@@ -64,6 +64,7 @@ class Config:
     hinted_plays: int = 4               # H hinted plays per environment (never trained)
     max_turns: int = 4                  # turns per episode (environments default to 12; the runner caps)
     agent_prompt: str = "agent.txt"     # the agent's first message, a prompts/ file
+    agent_reply_prefix: str = ""        # games: every reply starts with this text, given (not trained), e.g. '\boxed{'
     tool_rounds: int = 8                # tool_use: replies per episode that only call tools (they take no turn)
     # generation
     designer_max_new_tokens: int = 512  # tokens for one environment program
@@ -795,11 +796,12 @@ def phase_geometry(cfg) -> dict:
     doc = 0 if cfg.no_corpus else int(cfg.doc_words * TOKENS_PER_WORD)
     design_prompt = DESIGN_TEMPLATE_TOKENS + doc
     tool_use = cfg.setting == "tool_use"   # the tools' schemas in the first prompt; tool rounds are generate calls too
-    agent_prompt = AGENT_TEMPLATE_TOKENS + cfg.agent_max_observation_tokens + cfg.hint_max_new_tokens + \
+    prefix = len(cfg.agent_reply_prefix)   # characters: at least its tokens, in every prompt and between turns
+    agent_prompt = AGENT_TEMPLATE_TOKENS + prefix + cfg.agent_max_observation_tokens + cfg.hint_max_new_tokens + \
         (TOOL_SCHEMA_TOKENS if tool_use else 0)
     turns = cfg.max_turns + (cfg.tool_rounds if tool_use else 0)
     reply = min(cfg.agent_max_new_tokens, cfg.agent_max_episode_tokens)
-    between = cfg.agent_max_observation_tokens + TURN_FRAME_TOKENS
+    between = cfg.agent_max_observation_tokens + TURN_FRAME_TOKENS + prefix
     play_columns = agent_prompt + turns * reply + (turns - 1) * between
     agent_sample = agent_prompt + cfg.agent_max_episode_tokens + (turns - 1) * between
     envs_per_step = cfg.envs_per_step

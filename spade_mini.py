@@ -36,6 +36,7 @@ class EpisodeSpec:
     hint: str | None       # privileged hint appended to the first observation, or None
     key: tuple = ()        # the caller's id for this play; key[0] names its environment (hung ones are dropped)
     prompt: str = "agent.txt"  # the prompts/ file of the first message (games)
+    reply_prefix: str = ""     # games: text every reply starts with, put in the prompt (not trained), e.g. \boxed{
 
 
 @dataclass
@@ -87,7 +88,7 @@ def _cut(ep: Episode, reply: models.Completion) -> None:
     """A reply the token limit cut (no stop token) ends the episode, truncated, with return 0 (as the official
     code does): half an answer is not sent to the environment as an action."""
     ep.episode_return, ep.truncated = 0.0, True
-    ep.transcript.append({"turn": ep.turns + 1, "reply": reply.text, "cut": True})
+    ep.transcript.append({"turn": ep.turns + 1, "reply": ep.spec.reply_prefix + reply.text, "cut": True})
 
 
 def _clip_observation(obs: str, tok, max_tokens: int) -> str:
@@ -115,7 +116,8 @@ def _begin(ep: Episode, raw, tok, thinking: bool, max_obs: int, tools=None, nati
         _fail(ep, "contract", str(err))
         return False
     if ep.tools is None:
-        ids = models.chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint, ep.spec.prompt), thinking)
+        ids = models.chat_ids(tok, envs.agent_first_message(obs, ep.spec.hint, ep.spec.prompt), thinking,
+                              reply_prefix=ep.spec.reply_prefix)
     else:   # the template's own tool block, else the tools listed in the message (models.renders_tools)
         text = envs.agent_tool_message(obs, ep.spec.hint, None if native_tools else ep.tools)
         ids = models.chat_ids(tok, text, thinking, envs.tool_schemas(ep.tools) if native_tools else None)
@@ -138,14 +140,15 @@ def _advance(ep: Episode, raw, reply: models.Completion, action: str, tok, frame
         return False
     obs = _clip_observation(obs, tok, max_obs)
     ep.turns += 1
-    ep.transcript.append({"turn": ep.turns, "reply": reply.text, "action": action, "observation": obs,
-                          "reward": reward, "terminated": terminated, "truncated": truncated})
+    ep.transcript.append({"turn": ep.turns, "reply": ep.spec.reply_prefix + reply.text, "action": action,
+                          "observation": obs, "reward": reward, "terminated": terminated, "truncated": truncated})
     ep.terminated = terminated
     ep.episode_return = envs.episode_return(reward, terminated, False)
     if terminated or truncated or ep.turns >= max_turns:
         ep.truncated = not terminated
         return False
-    ep.append(models.observation_ids(tok, obs, reply.completion_ids, frame), trainable=False)
+    ep.append(models.observation_ids(tok, obs, reply.completion_ids, (frame[0], frame[1] + ep.spec.reply_prefix)),
+              trainable=False)
     return True
 
 
@@ -218,7 +221,7 @@ def _take_replies(eps: list[Episode], active: list[int], replies: list, room: di
         if cut:
             _cut(eps[i], reply)
         else:
-            text = envs.after_thinking(reply.text)
+            text = eps[i].spec.reply_prefix + envs.after_thinking(reply.text)   # the reply with its given start
             calls = envs.parse_tool_calls(text) if eps[i].tools is not None else []
             if not envs.goes_to_step(text, calls):
                 calling.append((i, reply, calls))

@@ -285,10 +285,11 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
     for j, e in enumerate(played):
         for i in range(max(cfg.plays, cfg.hinted_plays if hinted else 0)):
             env_seed = envs.derive_seed(cfg.seed, step, "env", j * 1000 + i)
+            prompt = (cfg.agent_prompt, cfg.agent_reply_prefix)
             if i < cfg.plays:
-                specs.append(spade_mini.EpisodeSpec(e.code, env_seed, None, (j, False, i), cfg.agent_prompt))
+                specs.append(spade_mini.EpisodeSpec(e.code, env_seed, None, (j, False, i), *prompt))
             if hinted and i < cfg.hinted_plays:
-                specs.append(spade_mini.EpisodeSpec(e.code, env_seed, e.hint, (j, True, i), cfg.agent_prompt))
+                specs.append(spade_mini.EpisodeSpec(e.code, env_seed, e.hint, (j, True, i), *prompt))
 
     def play_share(mine: list) -> list:   # this rank's plays, in even waves of at most what the memory plan allows
         out, waves = [], -(-len(mine) // (cfg.play_wave or max(len(mine), 1)))
@@ -607,4 +608,5 @@ def held_out_eval(st: State) -> dict:
                                  max_new_tokens=evaluate.answer_tokens(cfg.agent_max_new_tokens),
                                  env_pool=cfg.eval_pool, pool_plays=cfg.plays, max_turns=cfg.max_turns,
                                  max_episode_tokens=cfg.agent_max_episode_tokens, limits=limits_of(cfg),
-                                 suites=cfg.eval_suites.split(","), setting=cfg.setting, prompt=cfg.agent_prompt)
+                                 suites=cfg.eval_suites.split(","), setting=cfg.setting, prompt=cfg.agent_prompt,
+                                 reply_prefix=cfg.agent_reply_prefix)

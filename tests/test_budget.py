@@ -15,8 +15,9 @@ METHOD = ("train.py", "spade_mini.py", "envs.py", "sandbox.py", "regret.py")
 # made linear (envs.py) and the official hang rule (train.py: hung_step, the surviving plays); +90 for validating
 # that a designed game is fair (envs.py): reset seeds drawn per program, solution() replayed in a second process,
 # the fair-game guard; +30 for the rollout/trainer mismatch (the sampler's log-probs, spade_mini.mismatch); +80 for
-# environment text made inert where the parent decodes a reply (sandbox.inert)
-BUDGET_LINES = 2625
+# environment text made inert where the parent decodes a reply (sandbox.inert); +5 for a reply's given start
+# (--agent-reply-prefix: in the first prompt and every observation's frame, read back with the reply)
+BUDGET_LINES = 2630
 MAX_FUNCTION_LINES = 60
 PROJECT = {p.stem for p in ROOT.glob("*.py")}
 HEAVY = {"torch", "transformers", "peft", "matplotlib", "numpy", "bitsandbytes", "reasoning_gym", "sympy"}

@@ -26,7 +26,8 @@ def one_error_line(capsys) -> str:
 
 
 @pytest.mark.parametrize("case", ["text corpus", "empty corpus", "directory corpus", "text file model",
-                                  "missing gguf", "hub model not cached", "file as env pool", "unknown preset"])
+                                  "missing gguf", "hub model not cached", "file as env pool", "unknown preset",
+                                  "reply prefix in tool use"])
 def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("some notes\nnot json\n")
@@ -35,7 +36,8 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "directory corpus": ["--corpus", str(tmp_path)], "text file model": ["--model", str(notes)],
              "missing gguf": ["--model", str(tmp_path / "no.gguf")],
              "hub model not cached": ["--model", "nobody/no-such-model-anywhere"],
-             "file as env pool": ["--env-pool", str(notes)], "unknown preset": ["--preset", "huge"]}[case]
+             "file as env pool": ["--env-pool", str(notes)], "unknown preset": ["--preset", "huge"],
+             "reply prefix in tool use": ["--setting", "tool_use", "--agent-reply-prefix", "<answer>"]}[case]
     out = tmp_path / "run"
     assert cli.main(["train", *flags, "--out", str(out)]) == 2
     line = one_error_line(capsys)

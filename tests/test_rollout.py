@@ -252,3 +252,57 @@ def test_a_hung_environment_is_dropped_for_its_other_plays(tiny_model):
     assert hang.failure == "timeout" and hang.turns == 1
     assert sibling.failure == "dropped" and sibling.turns == 2     # stopped with its environment, not at max_turns
     assert other.failure is None and other.terminated               # another environment is untouched
+
+
+ECHO_ENV = '''
+class EchoEnv:
+    def __init__(self, max_turns=12):
+        pass
+
+    def reset(self, seed=None):
+        return "Say anything.", {}
+
+    def step(self, action):
+        return "You sent " + action, 0.0, False, False, {}
+'''
+
+
+def test_reply_prefix_starts_every_reply_in_the_prompt_untrained_and_is_read_with_the_reply(tiny_model):
+    """--agent-reply-prefix: the prefix ends the first prompt and every observation's frame (loss mask 0), and
+    the environment receives the action parsed from prefix + the generated text; without the prefix the same
+    model's replies hold no boxed action at all."""
+    model, tok = tiny_model
+    prefix = "\\boxed{"
+    ep = run(model, tok, [sm.EpisodeSpec(ECHO_ENV, 0, None, (0,), "agent.txt", prefix)], max_turns=2)[0]
+    plain = run(model, tok, [sm.EpisodeSpec(ECHO_ENV, 0, None, (0,))], max_turns=2)[0]
+    assert ep.turns == 2 and plain.turns == 2
+    pos, spans = 0, []
+    for m in ep.loss_mask + [None]:   # (mask, text) runs
+        if spans and spans[-1][0] == m:
+            spans[-1][2] += 1
+        else:
+            spans.append([m, pos, 1])
+        pos += 1
+    given = [tok.decode(ep.token_ids[s:s + n]) for m, s, n in spans if m == 0]
+    written = [tok.decode(ep.token_ids[s:s + n]) for m, s, n in spans if m == 1]
+    assert len(given) == 2 and all(g.endswith(prefix) for g in given), given
+    assert len(written) == 2 and not any(w.startswith(prefix) for w in written)
+    for step, w in zip(ep.transcript[1:], written):
+        assert step["reply"] == prefix + w.removesuffix(tok.eos_token)
+        assert step["action"] == envs.to_action(step["reply"]) and step["action"].startswith(prefix)
+        assert step["observation"] == "You sent " + step["action"]
+    assert not any(t["action"].startswith(prefix) for t in plain.transcript[1:])
+
+
+def test_constrained_decoding_keeps_every_token_inside_the_allowed_set(tiny_model):
+    """models._hf_generate's `allowed` (HF's prefix_allowed_tokens_fn) before the sampler: the tiny model
+    samples, at temperature 1 with top-k 20, only tokens of its row's set, and a row's set may depend on it."""
+    model, tok = tiny_model
+    sets = [[11, 12, 13], [200, 201]]
+    seqs = [models.chat_ids(tok, "first"), models.chat_ids(tok, "second, longer prompt")]
+    replies, _ = models.generate_turn(model, tok, [0, 1], seqs, None, [[], []], max_new_tokens=6, temperature=1.0,
+                                      top_p=1.0, top_k=20, seed=3, allowed=lambda row, ids: sets[row])
+    for reply, allowed in zip(replies, sets):
+        assert reply.completion_ids and set(reply.completion_ids) <= set(allowed), reply.completion_ids
+    assert len({t for r in replies for t in r.completion_ids}) >= 3   # sampled, not one token repeated
+
