@@ -45,19 +45,21 @@ import runs  # noqa: E402
 import spade_mini  # noqa: E402
 import train  # noqa: E402
 
-# the kept run's settings (README "Expected results"); each is a train flag, and the command line may override
-# (2 turns of 64 tokens, not the preset's 3 of 96: 800 held-out episodes must fit the hour on 2 cores; the
-# preset's 3 x 96 played 32 episodes in 160 s here)
+# the kept run's settings (README "Expected results"); each is a train flag, and the command line may override.
 # 3 turns, where strategy pays: in cups (3 cups) a policy that never repeats a refuted cup wins every game,
 # a uniformly random pick 0.70, always the same cup 0.33; the observation's example action is drawn anew each
-# turn (copying it is the random policy), so only reading "cup 2 is empty" can beat random
-TRAIN = dict(preset="tiny", steps=16, envs_per_step=2, plays=16, hinted_plays=0, lr=1e-3, regen_interval=1,
-             max_turns=3, agent_max_new_tokens=48, agent_max_episode_tokens=144, checkpoint_every=16,
-             keep_checkpoints=1)
+# turn (copying it is the random policy), so only reading "cup 2 is empty" can beat random. Every reply starts
+# with the given `\boxed{` (--agent-reply-prefix, docs/details.md departure 31): SmolLM2-135M then writes an
+# action from the first step, and the steps train which one (without it 16 steps taught the format and no more:
+# 48-token replies echoing the observation, trained = random). Replies of at most 8 tokens make a step ~10 s.
+TRAIN = dict(preset="tiny", steps=60, envs_per_step=2, plays=16, hinted_plays=0, lr=1e-3, regen_interval=1,
+             max_turns=3, agent_reply_prefix="\\boxed{", agent_max_new_tokens=8, agent_max_episode_tokens=24,
+             checkpoint_every=60, keep_checkpoints=1)
 CURVES = ["agent/return_nohint", "agent/win_rate", "agent/cut_share", "agent/action_share",
           "agent/refuted_repeat_share", "agent/echo_share", "agent/first_reply_tokens", "agent/reply_tokens"]
 SCRIPTED = ("random", "random_no_repeat", "example_action", "oracle")
 VALID = {"cups": lambda obs: ["1", "2", "3"], "doors": lambda obs: list("ABCD"), "coin": lambda obs: ["left", "right"],
+         "hilo": lambda obs: [str(n) for n in range(1, 8)],
          "largest": lambda obs: re.findall(r"\d+", obs.split("Numbers:")[-1].split("]")[0])}
 
 
@@ -92,14 +94,17 @@ def normalised(trained: list, rand: list, oracle: list, rng, n: int = 10_000) ->
     return {"score": round(float(score), 4), "ci95": [round(float(np.nanpercentile(boot, q)), 4) for q in (2.5, 97.5)]}
 
 
-def compare(arms: dict, rng) -> dict:
+def compare(arms: dict, rng, games: list[str]) -> dict:
     """Every arm, the paired differences trained - base and trained - random (episode k of every arm is the
-    same environment and seed), and the trained arm normalised between random (0) and the oracle (1)."""
+    same environment and seed), the trained arm normalised between random (0) and the oracle (1), and every
+    arm's mean return on each game (games[k]: episode k's)."""
     out = {"base": arm(arms["base"], rng), "trained": arm(arms["trained"], rng),
            **paired(arms["base"], arms["trained"], rng),
            "baselines": {name: arm(arms[name], rng) for name in SCRIPTED + ("base_format_controlled",) if name in arms},
            "vs_random": paired(arms["random"], arms["trained"], rng),
-           "normalised": normalised(arms["trained"], arms["random"], arms["oracle"], rng)}
+           "normalised": normalised(arms["trained"], arms["random"], arms["oracle"], rng),
+           "by_game": {g: {label: round(float(np.mean([e.episode_return for e, h in zip(eps, games) if h == g])), 3)
+                           for label, eps in arms.items()} for g in dict.fromkeys(games)}}
     return out
 
 
@@ -124,10 +129,39 @@ def scripted_turn(policy: str, chosen: list, names: list, oracles: list, seed: i
             else:
                 action = oracles[i][min(len(mine), len(oracles[i]) - 1)]
             mine.append(action)
+            given = chosen[i].reply_prefix
             text = "\\boxed{" + action + "}"
+            text = text[len(given):] if text.startswith(given) else text   # the prompt already holds the prefix
             ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             replies.append(models.Completion(list(seq), ids, text, True, [0.0] * len(ids)))
         return replies, None
+    return turn
+
+
+def candidates(tok, chosen: list, names: list, i: int, obs: str) -> list[str]:
+    """Episode i's admissible replies now: each valid action boxed, less the prefix its prompt already holds."""
+    given = chosen[i].reply_prefix
+    texts = ["\\boxed{" + a + "}" for a in VALID[names[chosen[i].key[0]]](obs) or ["1"]]
+    return [t[len(given):] if t.startswith(given) else t for t in texts]
+
+
+def constrained_turn(chosen: list, names: list):
+    """models.generate_turn with every reply constrained to one admissible action and its stop token (HF's
+    prefix_allowed_tokens_fn): the model's own choice among the valid actions, sampled as in training, with the
+    format taken out of its hands (the base_format_controlled arm)."""
+    real = models.generate_turn
+
+    def turn(model, tok, rows, sequences, prev, deltas, **gen):
+        stop = tok.eos_token_id
+        cands = [[tok(t, add_special_tokens=False)["input_ids"] + [stop]
+                  for t in candidates(tok, chosen, names, i, tok.decode(delta or seq, skip_special_tokens=True))]
+                 for i, seq, delta in zip(rows, sequences, deltas)]
+        start = {}
+
+        def allowed(row: int, ids) -> list[int]:
+            made = ids[start.setdefault("width", ids.shape[-1]):].tolist()   # the first call sees the prompt width
+            return sorted({c[len(made)] for c in cands[row] if c[:len(made)] == made and len(c) > len(made)}) or [stop]
+        return real(model, tok, rows, sequences, prev, deltas, allowed=allowed, **gen)
     return turn
 
 
@@ -153,11 +187,11 @@ def play_scripted(cfg, tok, chosen: list, names: list, seed: int) -> dict:
     return out
 
 
-def specs(files: list[Path], episodes: int, seed: int, role: str, prompt: str) -> list:
+def specs(files: list[Path], episodes: int, seed: int, role: str, prompt: str, prefix: str) -> list:
     """`episodes` held-out plays spread evenly over the files, each with its own derived seed."""
     codes = [f.read_text() for f in files]
     return [spade_mini.EpisodeSpec(codes[k % len(codes)], envs.derive_seed(seed, -1, role, k), None, (k % len(codes),),
-                                    prompt)
+                                    prompt, prefix)
             for k in range(episodes)]
 
 
@@ -175,20 +209,27 @@ def play(model, tok, cfg, chosen: list, seed: int) -> list:
 
 
 def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> dict:
-    """Base then trained on the same specs: the adapter starts at zero (base), then the run's last checkpoint."""
+    """Base (and base_format_controlled) then trained on the same specs: the adapter starts at zero (base), then
+    the run's last checkpoint; then the scripted policies."""
     model, tok, _ = models.load_model(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                                       quantize=cfg.quantize, gradient_checkpointing=False, cache_dir=cfg.cache_dir,
                                       seed=cfg.seed)
     model.eval()
-    out = {}
-    for label in ("base", "trained"):
+    out, sets, real = {}, (("seen", seen, args.seen_files), ("unseen", unseen, args.unseen_files)), models.generate_turn
+    for label in ("base", "base_format_controlled", "trained"):
         if label == "trained":
             models.load_adapter(model, sorted((run_dir / "checkpoints").glob("step_*"))[-1])
         t0 = time.time()
-        out[label] = {name: play(model, tok, cfg, chosen, envs.derive_seed(args.seed, -1, "eval-sample", 0))
-                      for name, chosen in (("seen", seen), ("unseen", unseen))}
+        for name, chosen, files in sets:
+            try:
+                if label == "base_format_controlled":
+                    models.generate_turn = constrained_turn(chosen, [f.stem for f in files])
+                episodes = play(model, tok, cfg, chosen, envs.derive_seed(args.seed, -1, "eval-sample", 0))
+            finally:
+                models.generate_turn = real
+            out.setdefault(label, {})[name] = episodes
         print(f"{label}: {args.episodes} + {args.episodes} held-out episodes in {time.time() - t0:.0f} s", flush=True)
-    for name, chosen, files in (("seen", seen, args.seen_files), ("unseen", unseen, args.unseen_files)):
+    for name, chosen, files in sets:
         scripted = play_scripted(cfg, tok, chosen, [f.stem for f in files], envs.derive_seed(args.seed, -1, "eval-script", 0))
         for policy, episodes in scripted.items():
             out.setdefault(policy, {})[name] = episodes
@@ -247,6 +288,11 @@ def markdown(result: dict, records: list[dict]) -> str:
         if norm["score"] is not None:
             lines.append(f"| {s} | (trained - random) / (oracle - random) | | {norm['score']:+.3f} | "
                          f"[{norm['ci95'][0]:+.3f}, {norm['ci95'][1]:+.3f}] | | | | | |")
+    labels = [label for label, _ in arms_of(result["seen"])]
+    lines += ["", "Mean return by game:", "", "| game | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for s in ("seen", "unseen"):
+        for game, by_arm in result[s]["by_game"].items():
+            lines.append(f"| {game} ({s}) | " + " | ".join(f"{by_arm[label]:.3f}" for label in labels) + " |")
     lines += ["", f"Seen: {', '.join(result['seen_envs'])}; unseen: {', '.join(result['unseen_envs'])}.", "",
               "| step | " + " | ".join(CURVES) + " |", "|---|" + "---|" * len(CURVES)]
     for r in records:
@@ -285,8 +331,8 @@ def main() -> None:
         cli.check_config(train, cfg)
         train.train(cfg)
         t_train = time.time() - t_start
-        seen = specs(seen_files, args.episodes, args.seed, "heldout-seen", cfg.agent_prompt)
-        unseen = specs(unseen_files, args.episodes, args.seed, "heldout-unseen", cfg.agent_prompt)
+        seen = specs(seen_files, args.episodes, args.seed, "heldout-seen", cfg.agent_prompt, cfg.agent_reply_prefix)
+        unseen = specs(unseen_files, args.episodes, args.seed, "heldout-unseen", cfg.agent_prompt, cfg.agent_reply_prefix)
         assert not {s.seed for s in seen + unseen} & training_seeds(cfg), "a held-out seed was played in training"
         played = evaluate_arms(cfg, run_dir, seen, unseen, args)
     rng = np.random.default_rng(args.seed)
@@ -296,8 +342,11 @@ def main() -> None:
               "command": shlex.join(["python", "bench/learning.py", *sys.argv[1:]]), "load": args.load,
               "seen_envs": [f.stem for f in seen_files], "unseen_envs": [f.stem for f in unseen_files],
               "config": {k: getattr(cfg, k) for k in ("model", "steps", "envs_per_step", "plays", "max_turns", "lr",
-                                                       "agent_max_new_tokens", "agent_max_episode_tokens", "temperature")},
-              **{s: compare({label: by_set[s] for label, by_set in played.items()}, rng) for s in ("seen", "unseen")}}
+                                                       "agent_max_new_tokens", "agent_max_episode_tokens", "temperature",
+                                                       "agent_reply_prefix")},
+              **{s: compare({label: by_set[s] for label, by_set in played.items()}, rng,
+                            [files[c.key[0]].stem for c in chosen])
+                 for s, chosen, files in (("seen", seen, seen_files), ("unseen", unseen, unseen_files))}}
     records = report.load_run(run_dir)[1]
     (out / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "learning.md").write_text(markdown(result, records))

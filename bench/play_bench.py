@@ -21,6 +21,7 @@ loop's. Prints `name: value` lines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -92,6 +93,9 @@ def main() -> None:
     ap.add_argument("--hinted", type=int, default=None, help="hinted plays per game (default: the tiny preset's)")
     ap.add_argument("--seed", type=int, default=0, help="the run seed the episode seeds derive from")
     ap.add_argument("--cache-dir", default="~/.cache/spade-mini", help="converted weights")
+    ap.add_argument("--bf16-weights", action="store_true",
+                    help="experiment: generate from bf16 copies of every weight (LoRA merged first; the KV cache "
+                         "bf16 too); not what the loop does")
     args = ap.parse_args()
 
     import torch
@@ -128,6 +132,23 @@ def main() -> None:
     kw = dict(max_turns=cfg.max_turns, max_new_tokens=cfg.agent_max_new_tokens,
               max_episode_tokens=cfg.agent_max_episode_tokens, max_observation_tokens=cfg.agent_max_observation_tokens,
               limits=train.limits_of(cfg), seed=envs.derive_seed(args.seed, 0, "agent", 0), **train.sample_kwargs(cfg))
+    if args.bf16_weights:
+        merged = models.lora_merged
+
+        @contextlib.contextmanager
+        def merged_in_bf16(m):
+            with merged(m):
+                saved = [(mod, n, p) for mod in m.modules() for n, p in list(mod.named_parameters(recurse=False))
+                         if p.dtype == torch.float32]
+                try:
+                    for mod, n, p in saved:
+                        setattr(mod, n, torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False))
+                    yield
+                finally:
+                    for mod, n, p in saved:
+                        setattr(mod, n, p)
+        models.lora_merged = merged_in_bf16
+    report("bf16_weights", args.bf16_weights)
     spade_mini.play(model, tok, specs[:2], **{**kw, "max_new_tokens": 4})   # warm-up: first-call allocations
 
     clock = Clock()

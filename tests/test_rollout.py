@@ -306,3 +306,23 @@ def test_constrained_decoding_keeps_every_token_inside_the_allowed_set(tiny_mode
         assert reply.completion_ids and set(reply.completion_ids) <= set(allowed), reply.completion_ids
     assert len({t for r in replies for t in r.completion_ids}) >= 3   # sampled, not one token repeated
 
+
+@pytest.mark.parametrize("prefix", ["", "\\boxed{"])
+def test_the_learning_bench_s_format_controlled_arm_plays_only_admissible_actions(tiny_model, monkeypatch, prefix):
+    """bench/learning.py's base_format_controlled arm: the random tiny model, constrained, sends a valid cup or
+    door every turn and no reply is cut, with or without a reply prefix."""
+    import importlib.util
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("learning_bench", root / "bench" / "learning.py")
+    learning = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning)
+    model, tok = tiny_model
+    codes = [(root / "examples" / f"{name}.py").read_text() for name in ("cups", "doors")]
+    chosen = [sm.EpisodeSpec(codes[k % 2], k, None, (k % 2,), "agent.txt", prefix) for k in range(8)]
+    monkeypatch.setattr(models, "generate_turn", learning.constrained_turn(chosen, ["cups", "doors"]))
+    eps = sm.play(model, tok, chosen, max_turns=3, max_new_tokens=8, max_episode_tokens=24, limits=sandbox.Limits(),
+                  temperature=0.7, top_p=0.95, top_k=20, seed=0)
+    steps = [(ep.spec.key[0], t) for ep in eps for t in ep.transcript[1:]]
+    assert steps and all("cut" not in t for _, t in steps)
+    assert all(t["action"] in [f"\\boxed{{{a}}}" for a in ("123", "ABCD")[k]] for k, t in steps), steps
