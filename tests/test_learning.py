@@ -6,6 +6,9 @@ The toy environment: one turn, and a reply of at most 70 characters wins. The ti
 after 7-15 tokens (models._tiny_random), so about 4 plays in 10 are short enough at the start; the update can
 learn it through the stop token's logit. It is put in the pool directly: the validator would call it `trivial`
 (its own short probe actions win).
+
+The third and fourth tests check learning beyond format (CueEnv below): the winning reply must be read from the
+observation, so no cue-blind policy can beat a coin; whole steps rise above that, and sign-flipped ones do not.
 """
 import shutil
 from pathlib import Path
@@ -29,17 +32,18 @@ class ShortEnv:
 '''
 
 
-def returns_over_steps(tmp_path: Path, steps: int, sign: float, monkeypatch) -> list[float]:
+def returns_over_steps(tmp_path: Path, steps: int, sign: float, monkeypatch, env=("short", SHORT_ENV),
+                       **overrides) -> list[float]:
     (tmp_path / "pool").mkdir()
     shutil.copy(ROOT / "examples" / "cups.py", tmp_path / "pool")   # --env-pool needs one valid environment
-    cfg = runs.Config(model="tiny-random", env_pool=str(tmp_path / "pool"), out=str(tmp_path / "run"), steps=steps,
-                      envs_per_step=1, plays=16, hinted_plays=0, max_turns=1, agent_max_new_tokens=24,
-                      agent_max_episode_tokens=24, lr=1e-3, regen_interval=1, checkpoint_every=100,
-                      gradient_checkpointing=False)
+    cfg = runs.Config(**{**dict(model="tiny-random", env_pool=str(tmp_path / "pool"), out=str(tmp_path / "run"),
+                                steps=steps, envs_per_step=1, plays=16, hinted_plays=0, max_turns=1,
+                                agent_max_new_tokens=24, agent_max_episode_tokens=24, lr=1e-3, regen_interval=1,
+                                checkpoint_every=100, gradient_checkpointing=False), **overrides})
     advantages = regret.agent_advantages
     monkeypatch.setattr(regret, "agent_advantages", lambda *a, **k: [sign * x for x in advantages(*a, **k)])
     st, _ = train.start(cfg)
-    st.pool_envs = [("short", SHORT_ENV)]
+    st.pool_envs = [env]
     return [train.self_play_step(st, step)["agent/return_nohint"] for step in range(steps)]
 
 
@@ -53,3 +57,53 @@ def test_with_the_advantage_sign_flipped_the_return_falls_instead(tmp_path, monk
     returns = returns_over_steps(tmp_path, 4, -1.0, monkeypatch)
     assert 0.2 <= returns[0] <= 0.7, returns
     assert max(returns[2:]) < 0.8 and returns[-1] < returns[0], returns   # the bar above fails, and it unlearns
+
+
+# Learning beyond format: which reply wins is read from the observation. Each reset seed draws a side; the
+# observation is the side's word 30 times over (so the cue dominates the random model's hidden states) and
+# never shows a reply. A reply of <= 30 characters wins on the "short" side, a longer one on the "long" side
+# (a reply the 32-token limit cuts loses on both). The tiny random model cannot write words, but it sets its
+# reply's length through the stop token's logit; to win here that length must depend on the cue.
+CUE_ENV = '''
+import random
+
+class CueEnv:
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+    def reset(self, seed=None):
+        self.side = random.Random(seed).choice(["short", "long"])
+        return " ".join([self.side] * 30), {}
+    def step(self, action):
+        won = (len(action) <= 30) == (self.side == "short")
+        return ("You win." if won else "You lose."), float(won), True, False, {}
+'''
+CUE_STEPS, CUE_PLAYS, CUE_LAST = 5, 32, 2
+# The statistics. A play's side is a fair coin drawn from its own fresh reset seed, independent of the policy
+# and of every other play. So a policy that ignores the observation wins each play with probability at most
+# 1/2 (exactly 1/2 unless some replies are cut), whatever it learnt: its wins over the last 2 steps,
+# n = 2 * 32 = 64 plays, are at most Binomial(64, 1/2): mean 0.5, standard error 0.5 / sqrt(64) = 0.0625.
+# The bar, 0.5 + 3 * 0.0625 = 0.6875 (44 wins of 64), is reached by chance with probability
+# P(Binomial(64, 1/2) >= 44) = 0.0018.
+CUE_BAR = 0.5 + 3 * 0.5 / (CUE_LAST * CUE_PLAYS) ** 0.5
+
+
+def cue_returns(tmp_path: Path, sign: float, monkeypatch) -> list[float]:
+    # lr 3e-3: 1e-2 and 5e-3 overshoot to one length for both sides (return 0.5); fp32 updates: faster on a CPU
+    # here and the same on every CPU
+    return returns_over_steps(tmp_path, CUE_STEPS, sign, monkeypatch, env=("cue", CUE_ENV), plays=CUE_PLAYS,
+                              lr=3e-3, agent_max_new_tokens=32, agent_max_episode_tokens=32, train_bf16="off")
+
+
+def last_steps_mean(returns: list[float]) -> float:
+    return sum(returns[-CUE_LAST:]) / CUE_LAST   # every step has CUE_PLAYS plays: the mean over all 64 plays
+
+
+def test_self_play_steps_learn_to_read_the_observation_beyond_chance(tmp_path, monkeypatch):
+    returns = cue_returns(tmp_path, +1.0, monkeypatch)
+    assert returns[0] < CUE_BAR, returns                 # the untrained model does not pass by itself
+    assert last_steps_mean(returns) > CUE_BAR, returns   # reads the cue: chance cannot explain it (p < 0.002)
+
+
+def test_with_the_advantage_sign_flipped_the_observation_is_not_learned(tmp_path, monkeypatch):
+    returns = cue_returns(tmp_path, -1.0, monkeypatch)
+    assert last_steps_mean(returns) < 0.5, returns       # the bar above fails: the return goes the other way
