@@ -574,15 +574,21 @@ def read_json(path: Path, what: str, keys: tuple = ()) -> dict:
 
 def eval_source(args: argparse.Namespace) -> tuple[str, Path | None, dict]:
     """(model name, adapter dir or None, models.load_model keyword arguments) from --preset/--model/--adapter/
-    --run; also fills in the default --max-new-tokens from the preset. Every input is checked before torch loads."""
+    --run; also fills in the default --max-new-tokens from the preset, and the agent's first message and reply
+    prefix (args.agent_prompt, args.agent_reply_prefix: the run's, with --run) for --env-pool. Every input is
+    checked before torch loads."""
     cfg = runs.Config(**preset_overrides(args.preset))
     name, lora, adapter = args.model or cfg.model, {"r": cfg.lora_r, "lora_alpha": cfg.lora_alpha}, None
+    args.agent_prompt, args.agent_reply_prefix = cfg.agent_prompt, cfg.agent_reply_prefix
     if args.run:
         run = runs.existing_run(args.run, "--run")
         adapter = run.latest_checkpoint()  # the newest step_NNNNN whose state.json exists
         if adapter is None:
             raise InputError(f"--run: {run.root} has no complete checkpoint (checkpoints/step_*/state.json)")
-        name = args.model or read_json(run.config, "--run", ("model",))["model"]
+        config = read_json(run.config, "--run", ("model",))
+        name = args.model or config["model"]   # the run's pool plays as it trained: its prompt and reply prefix
+        args.agent_prompt = config.get("agent_prompt", args.agent_prompt)
+        args.agent_reply_prefix = config.get("agent_reply_prefix", args.agent_reply_prefix)
     elif args.adapter:
         adapter = Path(args.adapter)
     if adapter is not None:
@@ -632,7 +638,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.env_pool:
         result.update(evaluate.pool_win_rate(model, tok, args.env_pool, plays=args.pool_plays, seed=args.seed,
                                              max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                                             setting=args.setting))
+                                             setting=args.setting, prompt=args.agent_prompt,
+                                             reply_prefix=args.agent_reply_prefix))
     result.update(model=name, adapter=str(adapter) if adapter else None, limit=args.limit, seed=args.seed)
     if args.save:
         runs.write_atomic(args.save, json.dumps(result, indent=2) + "\n")

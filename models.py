@@ -650,6 +650,28 @@ def lora_merged(model):
             base.weight = weight
 
 
+@contextlib.contextmanager
+def bf16_weights(model):
+    """--generate-bf16: generate from bf16 copies of the model's fp32 parameters (inside lora_merged, the LoRA
+    already folded in), the originals put back untouched after; the KV cache is then bf16 too. CPU only, and only
+    when the copies fit in half the memory free now. On an AMX CPU play ran 2x faster (bench/play_bench.py:
+    46.8 -> 23.5 s); the sampler then draws from bf16 logits, so its log-probs differ from the trainer's fp32 ones
+    by what loss/mismatch_* logs, and the TIS weight corrects the agent's samples for it."""
+    saved = [(m, name, p) for m in model.modules() for name, p in list(m.named_parameters(recurse=False))
+             if p.dtype == torch.float32]
+    if model.device.type != "cpu" or sum(p.numel() * 2 for _, _, p in saved) > _free_memory_bytes() / 2:
+        yield
+        return
+    try:
+        with torch.no_grad():
+            for m, name, p in saved:
+                setattr(m, name, torch.nn.Parameter(p.to(torch.bfloat16), requires_grad=False))
+        yield
+    finally:
+        for m, name, p in saved:
+            setattr(m, name, p)
+
+
 def _free_memory_bytes() -> float:
     """Memory available now (Linux's MemAvailable: free plus reclaimable cache); infinite where it is not said."""
     try:
@@ -676,19 +698,33 @@ def _prefill_shared(model, ids: torch.Tensor, mask: torch.Tensor) -> GrowingCach
     where = torch.tensor([distinct.index(first[key]) for key in keys], device=ids.device)  # (B,)
     cache = GrowingCache()
     u_ids, u_mask = ids[distinct, :-1], mask[distinct, :-1]  # (U, T-1)
-    model(input_ids=u_ids, attention_mask=u_mask, position_ids=_positions(u_mask), cache=cache, use_cache=True,
-          logits_to_keep=1)
+    model.get_decoder()(input_ids=u_ids, attention_mask=u_mask, position_ids=_positions(u_mask), cache=cache,
+                        use_cache=True)
     cache.batch_select_indices(where)
     return cache
 
 
+def _prefill_new(model, ids: torch.Tensor, mask: torch.Tensor, cache: GrowingCache) -> None:
+    """Prefill the columns of ids (B, T) that the cache does not hold yet, all but the last (generate then starts
+    there), through the decoder alone: the LM head is not run on columns whose logits nobody reads.
+
+    subtle: HF's prefill applies the head to the last column sliced out of the hidden states, which are then not
+    contiguous; in bf16 torch's matmul answered that by copying the head weight once per row (80 x 576 x 49152
+    values, 10 s of a 10.6 s prefill here, bench/play_bench.py --bf16-weights); in fp32 it cost 0.17 s."""
+    done = cache.get_seq_length()
+    if ids.shape[1] - done > 1:
+        model.get_decoder()(input_ids=ids[:, done:-1], attention_mask=mask[:, :-1],
+                            position_ids=_positions(mask)[:, done:-1], cache=cache, use_cache=True)
+
+
 def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_real: int, max_new_tokens: int,
                  temperature: float, top_p: float, top_k: int, seed: int, static_cache: bool,
-                 score_temperature: float | None = None, allowed=None):
+                 score_temperature: float | None = None, allowed=None, bf16: bool = False):
     """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given (a new GrowingCache if not).
     -> (ids (B, T + N), cache, the sampler's log-probs (B, N)). allowed(row, ids) -> the token ids that row may
     take next (HF's prefix_allowed_tokens_fn: constrained decoding, used by bench/learning.py's
-    base_format_controlled arm), or None.
+    base_format_controlled arm), or None; the sampler then records log-probs of the constrained distribution
+    (a forced token: 0), not the model's: not for samples that are trained. bf16: from bf16 weights (bf16_weights).
 
     The tokens are drawn by Sampler (a logits processor: temperature, top-k, top-p over the kept logits) and
     HF decodes greedily on its output; unquantized fp32 LoRA weights are merged for the call (lora_merged);
@@ -710,10 +746,13 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
     model.eval()
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache), \
-                contextlib.nullcontext() if static_cache else lora_merged(model):
+                contextlib.nullcontext() if static_cache else lora_merged(model), \
+                bf16_weights(model) if bf16 else contextlib.nullcontext():
             torch.manual_seed(seed)  # subtle: the sampler draws from the global RNG; fork_rng keeps the caller's intact
             if cache is None and not static_cache:
                 cache = _prefill_shared(model, ids, mask) if ids.shape[1] > 1 else GrowingCache()
+            elif not static_cache:
+                _prefill_new(model, ids, mask, cache)
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=criteria,
                                  logits_processor=LogitsProcessorList(
                                      [PrefixConstrainedLogitsProcessor(allowed, 1)] * (allowed is not None) + [sampler]),
@@ -772,7 +811,7 @@ def _completion(tok, prompt: list[int], row: list[int], stops: set[int], logprob
 
 
 def generate(model, tok, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
-             top_k: int, seed: int, static_cache: bool = False) -> list[Completion]:
+             top_k: int, seed: int, static_cache: bool = False, bf16: bool = False) -> list[Completion]:
     """One batched HF `generate` over all prompts (left-padded). temperature 0 = greedy; top_k 0 = off.
 
     static_cache=True: StaticCache with batch and widths rounded up to buckets (filler rows are copies of the
@@ -786,7 +825,8 @@ def generate(model, tok, prompts: list[list[int]], *, max_new_tokens: int, tempe
         width = runs.static_width(width)
     ids, mask = _left_pad(rows, tok.pad_token_id, width, model.device)  # (B, T), (B, T)
     out, _, logp = _hf_generate(model, tok, ids, mask, cache=None, n_real=len(prompts), max_new_tokens=max_new_tokens,
-                                temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, static_cache=static_cache)
+                                temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, static_cache=static_cache,
+                                bf16=bf16)
     stops = stop_ids(model, tok)
     return [_completion(tok, p, row, stops, lp) for p, row, lp in
             zip(prompts, out[: len(prompts), width:].tolist(), logp.tolist())]

@@ -78,6 +78,7 @@ class Config:
     hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
     thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
+    generate_bf16: bool = False         # CPU: the agent plays from bf16 copies of the weights (2x on AMX; mismatch: TIS)
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
@@ -489,7 +490,8 @@ def step_metrics(step: int, window, live: list, first: bool, last: bool, extra: 
     }
 
 
-ACTION = re.compile(r"\\boxed\{|<tool_call>|<answer>")   # a reply that holds an action (games) or a call/answer
+# a reply that holds an action (games: a closed \boxed{...}, so a given `\boxed{` prefix alone is none) or a call/answer
+ACTION = re.compile(r"\\boxed\{[^}]*\}|<tool_call>|<answer>")
 
 
 def reply_stats(plays: list) -> dict:
@@ -508,6 +510,9 @@ def reply_stats(plays: list) -> dict:
     ...        {"reply": "Cup 2 is empty; pick again. \\\\boxed{2}", "action": "\\\\boxed{2}"}])
     >>> reply_stats([ep])["agent/refuted_repeat_share"], reply_stats([ep])["agent/echo_share"]
     (1.0, 0.5)
+    >>> cut = E(loss_mask=[0, 1, 1], transcript=[{"turn": 0, "observation": "Pick."}, {"reply": "\\\\boxed{Output", "cut": True}])
+    >>> reply_stats([cut])["agent/action_share"]   # a given `\\boxed{` prefix with no closed answer holds no action
+    0.0
     """
     lengths = [[len(r) for r in "".join(map(str, ep.loss_mask)).split("0") if r] for ep in plays]
     replies = [t for ep in plays for t in ep.transcript if "reply" in t]
@@ -796,7 +801,7 @@ def phase_geometry(cfg) -> dict:
     doc = 0 if cfg.no_corpus else int(cfg.doc_words * TOKENS_PER_WORD)
     design_prompt = DESIGN_TEMPLATE_TOKENS + doc
     tool_use = cfg.setting == "tool_use"   # the tools' schemas in the first prompt; tool rounds are generate calls too
-    prefix = len(cfg.agent_reply_prefix)   # characters: at least its tokens, in every prompt and between turns
+    prefix = len(cfg.agent_reply_prefix.encode())   # bytes: at least its tokens, in every prompt and between turns
     agent_prompt = AGENT_TEMPLATE_TOKENS + prefix + cfg.agent_max_observation_tokens + cfg.hint_max_new_tokens + \
         (TOOL_SCHEMA_TOKENS if tool_use else 0)
     turns = cfg.max_turns + (cfg.tool_rounds if tool_use else 0)

@@ -7,8 +7,8 @@ model is loaded, and HF `generate` driven (padding, seeds, the KV cache kept acr
 environments run in sandbox.py's child processes.
 
 Departures from the paper and the official code are listed once, in docs/details.md ("Implementation details");
-this module implements items 2, 3, 12 and 18 (the update, its normalization, log-probs on the full softmax,
-the KL estimator); models.py has 1 and 19 (LoRA, the KV cache kept across turns).
+this module implements items 2, 3, 12, 18 and 31 (the update, its normalization, log-probs on the full softmax,
+the KL estimator, a reply's given start); models.py has 1 and 19 (LoRA, the KV cache kept across turns).
 """
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def _take_replies(eps: list[Episode], active: list[int], replies: list, room: di
 
 
 def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens: int, max_episode_tokens: int,
-         temperature: float, top_p: float, top_k: int, seed: int, limits, static_cache: bool = False,
+         temperature: float, top_p: float, top_k: int, seed: int, limits, static_cache: bool = False, bf16=False,
          reuse_cache: bool = True, stats: dict | None = None, thinking: bool = False, setting: str = "games",
          tool_rounds: int = 8, max_observation_tokens: int = MAX_OBSERVATION_TOKENS) -> list[Episode]:
     """Play every spec to the end; each turn ALL active episodes share ONE generate call.
@@ -244,7 +244,7 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
     read after the last </think>; thinking tokens count in both budgets. Observations: max_observation_tokens.
     setting "tool_use": a reply's <tool_call>s run in the sandbox and come back as a tool message (_run_tools),
     taking no turn (at most tool_rounds such replies); a reply with <answer> or no tool call goes to step().
-    """
+    bf16: generate from bf16 copies of the weights (--generate-bf16, models.bf16_weights)."""
     eps = [Episode(spec=s) for s in specs]
     timing = {"generate_s": 0.0, "sandbox_s": 0.0, "generated_tokens": 0, "generate_calls": 0}
     t = time.time()
@@ -262,7 +262,7 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
                 break
             t = time.time()
             gen = dict(max_new_tokens=min(max_new_tokens, max(room[i] for i in active)), temperature=temperature,
-                       top_p=top_p, top_k=top_k, seed=(seed * 1_000_003 + turn) % 2**31)
+                       top_p=top_p, top_k=top_k, seed=(seed * 1_000_003 + turn) % 2**31, bf16=bf16)
             if reuse_cache and not static_cache:
                 replies, batch = models.generate_turn(model, tok, active, [eps[i].token_ids for i in active], batch,
                                                       [deltas.get(i, []) for i in active], **gen)

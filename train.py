@@ -301,7 +301,7 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
                 max_observation_tokens=cfg.agent_max_observation_tokens, limits=limits_of(cfg),
                 seed=envs.derive_seed(cfg.seed, step, "agent", models.rank() * 1000 + k),
                 stats=stats, thinking=cfg.thinking, setting=cfg.setting, tool_rounds=cfg.tool_rounds,
-                **sample_kwargs(cfg))
+                bf16=cfg.generate_bf16, **sample_kwargs(cfg))
             timing.update({key: timing[key] + value for key, value in stats.items()})
         return out
     episodes = models.shared(play_share, specs, "the plays")

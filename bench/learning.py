@@ -49,8 +49,8 @@ import train  # noqa: E402
 # 3 turns, where strategy pays: in cups (3 cups) a policy that never repeats a refuted cup wins every game,
 # a uniformly random pick 0.70, always the same cup 0.33; the observation's example action is drawn anew each
 # turn (copying it is the random policy), so only reading "cup 2 is empty" can beat random. Every reply starts
-# with the given `\boxed{` (--agent-reply-prefix, docs/details.md departure 31): SmolLM2-135M then writes an
-# action from the first step, and the steps train which one (without it 16 steps taught the format and no more:
+# with the given `\boxed{` (--agent-reply-prefix, docs/details.md departure 31): SmolLM2-135M's replies then
+# stop after the action from the first update on (at step 0, 76% ran past 8 tokens), and the steps train which one (without it 16 steps taught the format and no more:
 # 48-token replies echoing the observation, trained = random). Replies of at most 8 tokens make a step ~10 s.
 # 30 steps: at lr 1e-3 the same run taken to 60 steps collapsed at step 57 (its replies stopped ending after the
 # action: every one cut, return 0, no gradient left to recover with; docs/benchmarks.md)
@@ -149,8 +149,11 @@ def candidates(tok, chosen: list, names: list, i: int, obs: str) -> list[str]:
 
 def constrained_turn(chosen: list, names: list):
     """models.generate_turn with every reply constrained to one admissible action and its stop token (HF's
-    prefix_allowed_tokens_fn): the model's own choice among the valid actions, sampled as in training, with the
-    format taken out of its hands (the base_format_controlled arm)."""
+    prefix_allowed_tokens_fn): the model's own choice among the valid actions, with the format taken out of its
+    hands (the base_format_controlled arm). Exactly its probabilities when each action is one token (cups, doors,
+    hilo: then `}` and the stop token are forced); for longer ones (largest's numbers, coin's words) token by
+    token, each renormalised over the allowed ones. Temperature, top-k and top-p as in training, applied after
+    the mask."""
     real = models.generate_turn
 
     def turn(model, tok, rows, sequences, prev, deltas, **gen):
@@ -207,7 +210,7 @@ def play(model, tok, cfg, chosen: list, seed: int) -> list:
     return spade_mini.play(model, tok, chosen, max_turns=cfg.max_turns, max_new_tokens=cfg.agent_max_new_tokens,
                            max_episode_tokens=cfg.agent_max_episode_tokens, temperature=cfg.temperature,
                            top_p=cfg.top_p, top_k=cfg.top_k, seed=seed, limits=train.limits_of(cfg),
-                           max_observation_tokens=cfg.agent_max_observation_tokens)
+                           max_observation_tokens=cfg.agent_max_observation_tokens, bf16=cfg.generate_bf16)
 
 
 def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> dict:

@@ -21,7 +21,6 @@ loop's. Prints `name: value` lines.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -69,9 +68,15 @@ class Clock:
         self.t0 = time.perf_counter()
 
     def after(self, module, args, kwargs, out):
+        """The decoder stack's forward: prefill (the engine's own, models._prefill_shared/_prefill_new, and HF's)
+        or a decode step, by the columns it takes."""
         ids = kwargs.get("input_ids", args[0] if args else None)
         self.s["prefill" if ids.shape[1] > 1 else "decode"] += time.perf_counter() - self.t0
         self.rows_computed += ids.numel()
+
+    def after_head(self, module, args, kwargs, out):
+        """The LM head, run by generate's forwards only: counted with decode."""
+        self.s["decode"] += time.perf_counter() - self.t0
 
 
 def useful_flops(model, episodes) -> float:
@@ -93,9 +98,9 @@ def main() -> None:
     ap.add_argument("--hinted", type=int, default=None, help="hinted plays per game (default: the tiny preset's)")
     ap.add_argument("--seed", type=int, default=0, help="the run seed the episode seeds derive from")
     ap.add_argument("--cache-dir", default="~/.cache/spade-mini", help="converted weights")
-    ap.add_argument("--bf16-weights", action="store_true",
-                    help="experiment: generate from bf16 copies of every weight (LoRA merged first; the KV cache "
-                         "bf16 too); not what the loop does")
+    ap.add_argument("--generate-bf16", action="store_true",
+                    help="play from bf16 copies of the weights (train's --generate-bf16: LoRA merged first, the KV "
+                         "cache bf16 too)")
     args = ap.parse_args()
 
     import torch
@@ -131,30 +136,17 @@ def main() -> None:
                 specs.append(spade_mini.EpisodeSpec(code, seed, envs.fallback_hint(), (j, True, i), cfg.agent_prompt))
     kw = dict(max_turns=cfg.max_turns, max_new_tokens=cfg.agent_max_new_tokens,
               max_episode_tokens=cfg.agent_max_episode_tokens, max_observation_tokens=cfg.agent_max_observation_tokens,
-              limits=train.limits_of(cfg), seed=envs.derive_seed(args.seed, 0, "agent", 0), **train.sample_kwargs(cfg))
-    if args.bf16_weights:
-        merged = models.lora_merged
-
-        @contextlib.contextmanager
-        def merged_in_bf16(m):
-            with merged(m):
-                saved = [(mod, n, p) for mod in m.modules() for n, p in list(mod.named_parameters(recurse=False))
-                         if p.dtype == torch.float32]
-                try:
-                    for mod, n, p in saved:
-                        setattr(mod, n, torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False))
-                    yield
-                finally:
-                    for mod, n, p in saved:
-                        setattr(mod, n, p)
-        models.lora_merged = merged_in_bf16
-    report("bf16_weights", args.bf16_weights)
+              limits=train.limits_of(cfg), seed=envs.derive_seed(args.seed, 0, "agent", 0), **train.sample_kwargs(cfg),
+              bf16=args.generate_bf16)
+    report("generate_bf16", args.generate_bf16)
     spade_mini.play(model, tok, specs[:2], **{**kw, "max_new_tokens": 4})   # warm-up: first-call allocations
 
     clock = Clock()
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    inner.register_forward_pre_hook(clock.before, with_kwargs=True)
-    inner.register_forward_hook(clock.after, with_kwargs=True)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    decoder.register_forward_pre_hook(clock.before, with_kwargs=True)
+    decoder.register_forward_hook(clock.after, with_kwargs=True)
+    head.register_forward_pre_hook(clock.before, with_kwargs=True)
+    head.register_forward_hook(clock.after_head, with_kwargs=True)
     for name in ("update", "batch_select_indices"):
         if hasattr(models, "_GrowingLayer"):
             clock.wrap(models._GrowingLayer, name, "cache")

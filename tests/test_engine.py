@@ -189,3 +189,42 @@ def test_merged_lora_is_skipped_when_one_lora_layer_cannot_be_merged(tiny_model)
             assert all(b.weight is w for b, w in zip(bases[1:], before[1:]))
     finally:
         bases[0].weight = saved
+
+
+def test_the_lm_head_only_sees_columns_it_samples_from_contiguous(tiny_model):
+    """The engine prefills every column but the last through the decoder alone (_prefill_shared, _prefill_new), so
+    the LM head runs only in generate's one-column forwards, on a contiguous hidden state: a head on HF's prefill
+    slices a view, and in bf16 torch's matmul copied the whole head weight once per row for it (10 s a prefill)."""
+    model, tok = tiny_model
+    seen = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: seen.append((tuple(args[0].shape), args[0].is_contiguous())))
+    try:
+        first = [models.chat_ids(tok, f"prompt {k}") for k in range(3)]
+        replies, batch = models.generate_turn(model, tok, [0, 1, 2], first, None, [[], [], []], max_new_tokens=4, **GREEDY)
+        deltas = [models.observation_ids(tok, f"observation {k}", r.completion_ids) for k, r in enumerate(replies)]
+        models.generate_turn(model, tok, [0, 1, 2], [f + r.completion_ids + d for f, r, d in zip(first, replies, deltas)],
+                             batch, deltas, max_new_tokens=4, **GREEDY)
+    finally:
+        hook.remove()
+    assert seen and all(shape[1] == 1 and contiguous for shape, contiguous in seen), seen
+
+
+def test_bf16_generation_puts_the_fp32_weights_back_and_stays_near_the_trainer(tiny_model):
+    """--generate-bf16: a bf16 KV cache and bf16 weights during the call, the very same fp32 parameters after;
+    the sampler's log-probs of its tokens stay near the fp32 trainer's (the mismatch TIS corrects)."""
+    model, tok = tiny_model
+    before = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
+    prompts = [models.chat_ids(tok, "a prompt"), models.chat_ids(tok, "another, longer prompt")]
+    replies, batch = models.generate_turn(model, tok, [0, 1], prompts, None, [[], []], max_new_tokens=8,
+                                          temperature=0.7, top_p=0.95, top_k=20, seed=1, bf16=True)
+    assert batch.cache.layers[0].keys.dtype == torch.bfloat16
+    after = dict(model.named_parameters())
+    assert all(after[n] is p and torch.equal(p, copy) and p.dtype == torch.float32 for n, (p, copy) in before.items())
+    rows = [(r.prompt_ids + r.completion_ids, [0] * len(r.prompt_ids) + [1] * len(r.completion_ids)) for r in replies]
+    ids, mask, loss = models.batch_tensors(rows, tok.pad_token_id, model.device)
+    with torch.no_grad():
+        trainer = sm.token_logprobs(model, ids, mask, loss, temperature=0.7)
+    sampled = torch.tensor([[0.0] * len(r.prompt_ids) + r.logprobs for r in replies][0:1])
+    delta = (trainer[0, :sampled.shape[1]] - sampled[0]).abs()[loss[0, :sampled.shape[1]].bool()]
+    assert delta.numel() and delta.max() < 0.5 and delta.max() > 0, delta   # bf16 moved them, not far

@@ -157,6 +157,21 @@ def test_adapter_of_a_run_is_loaded_not_ignored(tiny, tmp_path):
     assert lora_b and all(torch.all(p == 0.25) for p in lora_b)
 
 
+def test_a_run_s_pool_is_played_with_its_own_prompt_and_reply_prefix(tmp_path, monkeypatch):
+    """spade-mini eval --run R --env-pool P: the pool's plays start as the run's did in training (its
+    --agent-prompt and --agent-reply-prefix), not with the preset's defaults."""
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00001"
+    models.load_model("tiny-random", **TINY_LOAD)[0].save_pretrained(ckpt)
+    (ckpt / "state.json").write_text('{"step": 1}')
+    (tmp_path / "run" / "config.json").write_text(json.dumps(
+        {"model": "tiny-random", "agent_prompt": "agent_brief.txt", "agent_reply_prefix": "\\boxed{"}))
+    seen = {}
+    monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: {"categories": {}, "score": 0.0, "answered": 0.0})
+    monkeypatch.setattr(evaluate, "pool_win_rate", lambda *a, **k: seen.update(k) or {"pool_win_rate": 0.0, "pool_envs": {}, "pool_skipped": []})
+    assert cli.main(["eval", "--run", str(tmp_path / "run"), "--env-pool", str(ROOT / "examples"), "--limit", "1"]) == 0
+    assert (seen["prompt"], seen["reply_prefix"]) == ("agent_brief.txt", "\\boxed{")
+
+
 def test_run_without_checkpoint_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"model": "tiny-random"}))
     assert cli.main(["eval", "--run", str(tmp_path)]) == 2

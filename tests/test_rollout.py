@@ -296,7 +296,7 @@ def test_reply_prefix_starts_every_reply_in_the_prompt_untrained_and_is_read_wit
 
 def test_constrained_decoding_keeps_every_token_inside_the_allowed_set(tiny_model):
     """models._hf_generate's `allowed` (HF's prefix_allowed_tokens_fn) before the sampler: the tiny model
-    samples, at temperature 1 with top-k 20, only tokens of its row's set, and a row's set may depend on it."""
+    samples, at temperature 1 with top-k 20, only tokens of its row's set (each row its own)."""
     model, tok = tiny_model
     sets = [[11, 12, 13], [200, 201]]
     seqs = [models.chat_ids(tok, "first"), models.chat_ids(tok, "second, longer prompt")]
