@@ -348,7 +348,7 @@ def main() -> None:
               "seen_envs": [f.stem for f in seen_files], "unseen_envs": [f.stem for f in unseen_files],
               "config": {k: getattr(cfg, k) for k in ("model", "steps", "envs_per_step", "plays", "max_turns", "lr",
                                                        "agent_max_new_tokens", "agent_max_episode_tokens", "temperature",
-                                                       "agent_reply_prefix")},
+                                                       "agent_reply_prefix", "generate_bf16", "train_bf16")},
               **{s: compare({label: by_set[s] for label, by_set in played.items()}, rng,
                             [files[c.key[0]].stem for c in chosen])
                  for s, chosen, files in (("seen", seen, seen_files), ("unseen", unseen, unseen_files))}}
