@@ -143,6 +143,8 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--tool-rounds must be >= 0 (got {cfg.tool_rounds})")
     if cfg.agent_reply_prefix and (cfg.setting != "games" or cfg.thinking):
         raise InputError("--agent-reply-prefix is for the games setting without --thinking")
+    if cfg.generate_bf16 and cfg.static_cache:
+        raise InputError("--generate-bf16 is for the CPU's growing cache, not --static-cache (CUDA)")
     if cfg.quantize not in ("auto", "none", "nf4"):
         raise InputError("--quantize must be auto, none or nf4")
     if cfg.train_bf16 not in ("auto", "on", "off"):
@@ -589,6 +591,9 @@ def eval_source(args: argparse.Namespace) -> tuple[str, Path | None, dict]:
         name = args.model or config["model"]   # the run's pool plays as it trained: its prompt and reply prefix
         args.agent_prompt = config.get("agent_prompt", args.agent_prompt)
         args.agent_reply_prefix = config.get("agent_reply_prefix", args.agent_reply_prefix)
+        if args.agent_reply_prefix and args.setting != "games":
+            raise InputError(f"--run: {run.root} trained with --agent-reply-prefix (games), not for --setting "
+                             f"{args.setting}")
     elif args.adapter:
         adapter = Path(args.adapter)
     if adapter is not None:

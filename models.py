@@ -659,13 +659,15 @@ def bf16_weights(model):
     by what loss/mismatch_* logs, and the TIS weight corrects the agent's samples for it."""
     saved = [(m, name, p) for m in model.modules() for name, p in list(m.named_parameters(recurse=False))
              if p.dtype == torch.float32]
-    if model.device.type != "cpu" or sum(p.numel() * 2 for _, _, p in saved) > _free_memory_bytes() / 2:
+    copies = {id(p): p for _, _, p in saved}   # a tied weight (SmolLM2's embedding and LM head) gets one copy
+    if model.device.type != "cpu" or sum(p.numel() * 2 for p in copies.values()) > _free_memory_bytes() / 2:
         yield
         return
     try:
         with torch.no_grad():
+            copies = {key: torch.nn.Parameter(p.to(torch.bfloat16), requires_grad=False) for key, p in copies.items()}
             for m, name, p in saved:
-                setattr(m, name, torch.nn.Parameter(p.to(torch.bfloat16), requires_grad=False))
+                setattr(m, name, copies[id(p)])
         yield
     finally:
         for m, name, p in saved:
@@ -710,7 +712,7 @@ def _prefill_new(model, ids: torch.Tensor, mask: torch.Tensor, cache: GrowingCac
 
     subtle: HF's prefill applies the head to the last column sliced out of the hidden states, which are then not
     contiguous; in bf16 torch's matmul answered that by copying the head weight once per row (80 x 576 x 49152
-    values, 10 s of a 10.6 s prefill here, bench/play_bench.py --bf16-weights); in fp32 it cost 0.17 s."""
+    values, 10 s of a 10.6 s prefill here, bench/play_bench.py --generate-bf16); in fp32 it cost 0.17 s."""
     done = cache.get_seq_length()
     if ids.shape[1] - done > 1:
         model.get_decoder()(input_ids=ids[:, done:-1], attention_mask=mask[:, :-1],
@@ -747,7 +749,7 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache), \
                 contextlib.nullcontext() if static_cache else lora_merged(model), \
-                bf16_weights(model) if bf16 else contextlib.nullcontext():
+                bf16_weights(model) if bf16 and not static_cache else contextlib.nullcontext():
             torch.manual_seed(seed)  # subtle: the sampler draws from the global RNG; fork_rng keeps the caller's intact
             if cache is None and not static_cache:
                 cache = _prefill_shared(model, ids, mask) if ids.shape[1] > 1 else GrowingCache()

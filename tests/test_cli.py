@@ -27,7 +27,7 @@ def one_error_line(capsys) -> str:
 
 @pytest.mark.parametrize("case", ["text corpus", "empty corpus", "directory corpus", "text file model",
                                   "missing gguf", "hub model not cached", "file as env pool", "unknown preset",
-                                  "reply prefix in tool use", "reply prefix when thinking"])
+                                  "reply prefix in tool use", "reply prefix when thinking", "bf16 static cache"])
 def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("some notes\nnot json\n")
@@ -38,7 +38,8 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "hub model not cached": ["--model", "nobody/no-such-model-anywhere"],
              "file as env pool": ["--env-pool", str(notes)], "unknown preset": ["--preset", "huge"],
              "reply prefix in tool use": ["--setting", "tool_use", "--agent-reply-prefix", "<answer>"],
-             "reply prefix when thinking": ["--thinking", "--agent-reply-prefix", "\\boxed{"]}[case]
+             "reply prefix when thinking": ["--thinking", "--agent-reply-prefix", "\\boxed{"],
+             "bf16 static cache": ["--generate-bf16", "--static-cache"]}[case]
     out = tmp_path / "run"
     assert cli.main(["train", *flags, "--out", str(out)]) == 2
     line = one_error_line(capsys)
@@ -47,6 +48,8 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
         assert "hf download nobody/no-such-model-anywhere" in line
     if case.startswith("reply prefix"):
         assert "--agent-reply-prefix is for the games setting" in line
+    if case == "bf16 static cache":
+        assert "--generate-bf16 is for the CPU's growing cache" in line
 
 
 def test_bad_train_inputs_are_reported_before_torch_is_imported(tmp_path):

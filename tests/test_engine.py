@@ -201,10 +201,12 @@ def test_the_lm_head_only_sees_columns_it_samples_from_contiguous(tiny_model):
         lambda module, args: seen.append((tuple(args[0].shape), args[0].is_contiguous())))
     try:
         first = [models.chat_ids(tok, f"prompt {k}") for k in range(3)]
-        replies, batch = models.generate_turn(model, tok, [0, 1, 2], first, None, [[], [], []], max_new_tokens=4, **GREEDY)
+        replies, batch = models.generate_turn(model, tok, [0, 1, 2], first, None, [[], [], []], max_new_tokens=4,
+                                              **GREEDY)
         deltas = [models.observation_ids(tok, f"observation {k}", r.completion_ids) for k, r in enumerate(replies)]
-        models.generate_turn(model, tok, [0, 1, 2], [f + r.completion_ids + d for f, r, d in zip(first, replies, deltas)],
-                             batch, deltas, max_new_tokens=4, **GREEDY)
+        models.generate_turn(model, tok, [0, 1, 2], [f + r.completion_ids + d for f, r, d in
+                                                     zip(first, replies, deltas)], batch, deltas, max_new_tokens=4,
+                             **GREEDY)
     finally:
         hook.remove()
     assert seen and all(shape[1] == 1 and contiguous for shape, contiguous in seen), seen
@@ -219,6 +221,11 @@ def test_bf16_generation_puts_the_fp32_weights_back_and_stays_near_the_trainer(t
     replies, batch = models.generate_turn(model, tok, [0, 1], prompts, None, [[], []], max_new_tokens=8,
                                           temperature=0.7, top_p=0.95, top_k=20, seed=1, bf16=True)
     assert batch.cache.layers[0].keys.dtype == torch.bfloat16
+    deltas = [models.observation_ids(tok, "next", r.completion_ids) for r in replies]   # a second turn reuses it
+    again, batch = models.generate_turn(model, tok, [0, 1], [p + r.completion_ids + d for p, r, d in
+                                                             zip(prompts, replies, deltas)], batch, deltas,
+                                        max_new_tokens=4, temperature=0.7, top_p=0.95, top_k=20, seed=2, bf16=True)
+    assert all(r.completion_ids for r in again) and batch.cache.layers[0].keys.dtype == torch.bfloat16
     after = dict(model.named_parameters())
     assert all(after[n] is p and torch.equal(p, copy) and p.dtype == torch.float32 for n, (p, copy) in before.items())
     rows = [(r.prompt_ids + r.completion_ids, [0] * len(r.prompt_ids) + [1] * len(r.completion_ids)) for r in replies]
@@ -228,3 +235,15 @@ def test_bf16_generation_puts_the_fp32_weights_back_and_stays_near_the_trainer(t
     sampled = torch.tensor([[0.0] * len(r.prompt_ids) + r.logprobs for r in replies][0:1])
     delta = (trainer[0, :sampled.shape[1]] - sampled[0]).abs()[loss[0, :sampled.shape[1]].bool()]
     assert delta.numel() and delta.max() < 0.5 and delta.max() > 0, delta   # bf16 moved them, not far
+
+
+def test_bf16_weights_keeps_a_tied_weight_one_copy():
+    """A tied LM head (SmolLM2's) stays tied inside bf16_weights: one bf16 copy, not two."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config)
+    with models.bf16_weights(model):
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        assert model.lm_head.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.dtype == torch.float32

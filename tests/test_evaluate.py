@@ -164,12 +164,12 @@ def test_a_run_s_pool_is_played_with_its_own_prompt_and_reply_prefix(tmp_path, m
     models.load_model("tiny-random", **TINY_LOAD)[0].save_pretrained(ckpt)
     (ckpt / "state.json").write_text('{"step": 1}')
     (tmp_path / "run" / "config.json").write_text(json.dumps(
-        {"model": "tiny-random", "agent_prompt": "agent_brief.txt", "agent_reply_prefix": "\\boxed{"}))
+        {"model": "tiny-random", "agent_prompt": "agent.txt", "agent_reply_prefix": "\\boxed{"}))
     seen = {}
     monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: {"categories": {}, "score": 0.0, "answered": 0.0})
     monkeypatch.setattr(evaluate, "pool_win_rate", lambda *a, **k: seen.update(k) or {"pool_win_rate": 0.0, "pool_envs": {}, "pool_skipped": []})
     assert cli.main(["eval", "--run", str(tmp_path / "run"), "--env-pool", str(ROOT / "examples"), "--limit", "1"]) == 0
-    assert (seen["prompt"], seen["reply_prefix"]) == ("agent_brief.txt", "\\boxed{")
+    assert (seen["prompt"], seen["reply_prefix"]) == ("agent.txt", "\\boxed{")   # the tiny preset's: agent_brief
 
 
 def test_run_without_checkpoint_is_a_clear_error(tmp_path, capsys):

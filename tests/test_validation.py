@@ -330,7 +330,11 @@ if __name__ == "__main__":   # the table of docs/details.md, departure 29
 
 COPIES_DIR = Path(__file__).resolve().parent / "copies"
 COPIES = sorted(COPIES_DIR.glob("copy_*.py"))
-NEW_GAMES = (sorted(COPIES_DIR.glob("new_*.py")) + sorted((EXAMPLES.parent / "bench" / "heldout").glob("*.py"))
+# bench/heldout/hilo.py is left out: it is cups.py's program with the game changed in a few statements (higher or
+# lower instead of empty), which the structural check counts as a copy of cups (0.96); it was written as such, a
+# held-out game for bench/learning.py, not a designed one
+NEW_GAMES = (sorted(COPIES_DIR.glob("new_*.py"))
+             + [p for p in sorted((EXAMPLES.parent / "bench" / "heldout").glob("*.py")) if p.name != "hilo.py"]
              + [p for p in sorted(EXAMPLES.glob("*.py")) if p.name != "pair_sum.py"])   # pair_sum.py: the example
 
 

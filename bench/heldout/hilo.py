@@ -10,30 +10,29 @@ import re
 
 
 class HiLoEnv:
-    LOW, HIGH = 1, 7
-
     def __init__(self, max_turns=12, **kwargs):
         self.max_turns = max_turns
 
     def reset(self, seed=None):
         self.rng = random.Random(seed)
-        self.secret, self.turn_count = self.rng.randint(self.LOW, self.HIGH), 0
+        self.secret = self.rng.randint(1, 7)
+        self.turn_count = 0
         return self._show("I picked a whole number from 1 to 7."), {}
 
     def _show(self, message):
-        example = self.rng.randint(self.LOW, self.HIGH)
-        return f"{message} Turn {self.turn_count}/{self.max_turns}.\nGuess like \\boxed{{{example}}}."
+        return f"{message} Turn {self.turn_count}/{self.max_turns}.\nGuess like \\boxed{{{self.rng.randint(1, 7)}}}."
 
     def step(self, action):
         self.turn_count += 1
-        found = [int(d) for d in re.findall(r"\\boxed\{\s*([1-7])\s*\}", action)[:1]]
-        if not found:
-            return self._show("Name a number from 1 to 7."), 0.0, False, self.turn_count >= self.max_turns, {}
-        if found[0] == self.secret:
-            return f"{found[0]} is right. You win!", 1.0, True, False, {}
-        direction = ("lower", "higher")[found[0] < self.secret]
-        message = f"{found[0]} is wrong: the number is {direction} than {found[0]}."
-        return self._show(message), 0.0, False, self.turn_count >= self.max_turns, {}
+        truncated = self.turn_count >= self.max_turns
+        match = re.search(r"\\boxed\{\s*([1-7])\s*\}", action)
+        if not match:
+            return self._show("Name a number from 1 to 7."), 0.0, False, truncated, {}
+        guess = int(match.group(1))
+        if guess == self.secret:
+            return f"{guess} is right. You win!", 1.0, True, False, {}
+        direction = "higher" if guess < self.secret else "lower"
+        return self._show(f"{guess} is wrong: the number is {direction} than {guess}."), 0.0, False, truncated, {}
 
     def solution(self):
         return f"\\boxed{{{self.secret}}}"
