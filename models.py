@@ -654,8 +654,8 @@ def lora_merged(model):
 def bf16_weights(model):
     """--generate-bf16: generate from bf16 copies of the model's fp32 parameters (inside lora_merged, the LoRA
     already folded in), the originals put back untouched after; the KV cache is then bf16 too. CPU only, and only
-    when the copies fit in half the memory free now. On an AMX CPU play ran 2x faster (bench/play_bench.py:
-    46.8 -> 23.5 s); the sampler then draws from bf16 logits, so its log-probs differ from the trainer's fp32 ones
+    when the copies fit in half the memory free now. On an AMX CPU play ran 1.9x faster (bench/play_bench.py:
+    46.2 -> 24.3 s); the sampler then draws from bf16 logits, so its log-probs differ from the trainer's fp32 ones
     by what loss/mismatch_* logs, and the TIS weight corrects the agent's samples for it."""
     saved = [(m, name, p) for m in model.modules() for name, p in list(m.named_parameters(recurse=False))
              if p.dtype == torch.float32]

@@ -282,10 +282,10 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
     rank's index; 0 in one process). The tokens a row samples depend on its batch anyway: N ranks sample other
     episodes than one process would, greedy ones the same."""
     cfg, specs, timing = st.cfg, [], {"generate_s": 0.0, "sandbox_s": 0.0, "generated_tokens": 0, "generate_calls": 0}
+    prompt = (cfg.agent_prompt, cfg.agent_reply_prefix)
     for j, e in enumerate(played):
         for i in range(max(cfg.plays, cfg.hinted_plays if hinted else 0)):
             env_seed = envs.derive_seed(cfg.seed, step, "env", j * 1000 + i)
-            prompt = (cfg.agent_prompt, cfg.agent_reply_prefix)
             if i < cfg.plays:
                 specs.append(spade_mini.EpisodeSpec(e.code, env_seed, None, (j, False, i), *prompt))
             if hinted and i < cfg.hinted_plays:

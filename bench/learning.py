@@ -50,8 +50,9 @@ import train  # noqa: E402
 # a uniformly random pick 0.70, always the same cup 0.33; the observation's example action is drawn anew each
 # turn (copying it is the random policy), so only reading "cup 2 is empty" can beat random. Every reply starts
 # with the given `\boxed{` (--agent-reply-prefix, docs/details.md departure 31): SmolLM2-135M's replies then
-# stop after the action from the first update on (at step 0, 76% ran past 8 tokens), and the steps train which one (without it 16 steps taught the format and no more:
-# 48-token replies echoing the observation, trained = random). Replies of at most 8 tokens make a step ~10 s.
+# stop after the action from the first update on (at step 0, 76% ran past 8 tokens), and the steps train which
+# one (without it 16 steps taught the format and no more: 48-token replies echoing the observation, trained =
+# random). Replies of at most 8 tokens make a step ~10 s.
 # 30 steps: at lr 1e-3 the same run taken to 60 steps collapsed at step 57 (its replies stopped ending after the
 # action: every one cut, return 0, no gradient left to recover with; docs/benchmarks.md)
 TRAIN = dict(preset="tiny", steps=30, envs_per_step=2, plays=16, hinted_plays=0, lr=1e-3, regen_interval=1,
@@ -119,7 +120,7 @@ def scripted_turn(policy: str, chosen: list, names: list, oracles: list, seed: i
         replies = []
         for i, seq, delta in zip(rows, sequences, deltas):
             obs = tok.decode(delta or seq, skip_special_tokens=True)   # the latest observation (turn 0: the prompt)
-            valid = VALID[names[chosen[i].key[0]]](obs) or ["1"]
+            valid = valid_actions(chosen, names, i, obs)
             mine = tried.setdefault(i, [])
             if policy == "random":
                 action = rng.choice(valid)
@@ -131,20 +132,22 @@ def scripted_turn(policy: str, chosen: list, names: list, oracles: list, seed: i
             else:
                 action = oracles[i][min(len(mine), len(oracles[i]) - 1)]
             mine.append(action)
-            given = chosen[i].reply_prefix
-            text = "\\boxed{" + action + "}"
-            text = text[len(given):] if text.startswith(given) else text   # the prompt already holds the prefix
+            text = reply_text(action, chosen[i].reply_prefix)
             ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             replies.append(models.Completion(list(seq), ids, text, True, [0.0] * len(ids)))
         return replies, None
     return turn
 
 
-def candidates(tok, chosen: list, names: list, i: int, obs: str) -> list[str]:
-    """Episode i's admissible replies now: each valid action boxed, less the prefix its prompt already holds."""
-    given = chosen[i].reply_prefix
-    texts = ["\\boxed{" + a + "}" for a in VALID[names[chosen[i].key[0]]](obs) or ["1"]]
-    return [t[len(given):] if t.startswith(given) else t for t in texts]
+def valid_actions(chosen: list, names: list, i: int, obs: str) -> list[str]:
+    """Episode i's valid actions after observation `obs` (its game's VALID list)."""
+    return VALID[names[chosen[i].key[0]]](obs) or ["1"]
+
+
+def reply_text(action: str, given: str) -> str:
+    """The reply that plays `action`, boxed, less the prefix the prompt already holds."""
+    text = "\\boxed{" + action + "}"
+    return text[len(given):] if text.startswith(given) else text
 
 
 def constrained_turn(chosen: list, names: list):
@@ -158,8 +161,8 @@ def constrained_turn(chosen: list, names: list):
 
     def turn(model, tok, rows, sequences, prev, deltas, **gen):
         stop = tok.eos_token_id
-        cands = [[tok(t, add_special_tokens=False)["input_ids"] + [stop]
-                  for t in candidates(tok, chosen, names, i, tok.decode(delta or seq, skip_special_tokens=True))]
+        cands = [[tok(reply_text(a, chosen[i].reply_prefix), add_special_tokens=False)["input_ids"] + [stop]
+                  for a in valid_actions(chosen, names, i, tok.decode(delta or seq, skip_special_tokens=True))]
                  for i, seq, delta in zip(rows, sequences, deltas)]
         start = {}
 
