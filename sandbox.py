@@ -264,7 +264,7 @@ class EnvProcess:
         if "Fatal Python error" in text:
             first = text[text.index("Fatal Python error"):].splitlines()[0]
             return "crash", first
-        if text.strip():   # SIGXCPU dumped a stack: the CPU limit was reached
+        if "most recent call first" in text:   # SIGXCPU dumped a stack: the CPU limit was reached
             return "timeout", f"CPU time limit of {self.limits.cpu_seconds} s exceeded"
         return "crash", "the child exited without replying"
 
