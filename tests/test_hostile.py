@@ -1002,26 +1002,51 @@ def test_bad_reply_is_a_verdict_of_validate_not_an_exception():
 SURROGATE = env(reset="raise ValueError('bad \\ud800 text')")
 FORGING = env(reset="raise ValueError('\\r\\x1b[2Kexamples/walk.py: valid (ok)\\n  ok   size\\n"
                     "{\"return\": 1.0, \"turns\": 1, \"terminated\": true, \"failure\": null}\\x1b[8m')")
-HOSTILE_TEXTS = pytest.mark.parametrize("code", [SURROGATE, FORGING], ids=["lone surrogate", "terminal controls"])
+# bidi controls and invisible characters: a red team's text reached play's and validate's output raw
+HIDDEN = "\u061c\u200e\u200f\u202a\u202e\u2066\u2069\u200b\u2060\ufeff\U000e0041\U000e007f"
+HIDING = env(reset=f"raise ValueError('valid{HIDDEN}x')")
+HOSTILE_TEXTS = pytest.mark.parametrize("code", [SURROGATE, FORGING, HIDING],
+                                        ids=["lone surrogate", "terminal controls", "bidi and invisible"])
 
 
 def printable(text: str, newlines: bool) -> bool:
-    """Encodable as UTF-8, with no control character but newline (if allowed), no line separator or bidi control."""
+    """Encodable as UTF-8, with no control character but newline (if allowed), no line separator, bidi control or
+    invisible character."""
     text.encode("utf-8")
     return not any((ord(c) < 32 and not (newlines and c == "\n")) or 0x7F <= ord(c) <= 0x9F
-                   or c in "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069" for c in text)
+                   or c in "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069" + HIDDEN
+                   for c in text)
 
 
 @HOSTILE_TEXTS
 def test_a_failures_detail_is_one_inert_line(code):
     err = attack(code)
     assert reason(err) == "error" and printable(err.detail, newlines=False), repr(err.detail)
-    assert "\ufffd" in err.detail if code is SURROGATE else "\\r\\x1b[2Kexamples/walk.py" in err.detail
+    shown = {SURROGATE: "\ufffd", FORGING: "\\r\\x1b[2Kexamples/walk.py",
+             HIDING: "valid\\u061c\\u200e\\u200f\\u202a\\u202e\\u2066\\u2069\\u200b\\u2060\\ufeff\\U000e0041"}
+    assert shown[code] in err.detail, err.detail
 
 
 def test_an_observation_keeps_newlines_and_tabs_and_shows_every_other_control_as_its_escape():
     code = env(reset="return 'a\\tb\\nc\\r\\x1b[2K\\x9b\\u202e\\u2028', {'k\\x1b': ['v\\x07']}")
     assert attack(code) == ["a\tb\nc\\r\\x1b[2K\\x9b\\u202e\\u2028", {"k\\x1b": ["v\\x07"]}]
+
+
+def test_an_observation_shows_bidi_controls_and_invisible_characters_as_their_escape():
+    shown = attack(env(reset=f"return 'A{HIDDEN}B', {{'\u200b': 1}}"))
+    assert shown == ["A\\u061c\\u200e\\u200f\\u202a\\u202e\\u2066\\u2069\\u200b\\u2060\\ufeff\\U000e0041\\U000e007fB",
+                     {"\\u200b": 1}]
+
+
+def test_play_prints_observations_with_bidi_controls_and_invisible_characters_as_escapes(tmp_path):
+    path, moves = tmp_path / "hiding.py", tmp_path / "moves.txt"
+    path.write_text(env(reset=f"return 'Pick a door{HIDDEN}', {{}}",
+                        step=f"return 'you{HIDDEN}win', 1.0, True, False, {{}}"), encoding="utf-8")
+    moves.write_text("1\n")
+    done = run_cli("play", str(path), "--actions", str(moves), "--timeout", "2")
+    out = done.stdout.decode("utf-8")
+    assert done.returncode == 0 and printable(out, newlines=True), out
+    assert out.count("\\u200e\\u200f") == 2 and out.count("\\U000e007f") == 2, out
 
 
 def run_cli(*argv) -> subprocess.CompletedProcess:
