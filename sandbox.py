@@ -22,8 +22,8 @@ NOT covered:
    such code then meets layers 1-6 only. Where isolation_report() shows a kernel layer missing, those are weaker:
    without bwrap the host's files are readable (not writable); without the filter, only the namespaces hold.
  * The kernel's own bugs in the syscalls the filter allows; CPU side channels and timing through the page cache
-   (the filter refuses dropping, loading ahead and probing it without a clock; docs/sandbox.md); memory pressure up to
-   RLIMIT_AS times the number of live children (the threads of one child share its RLIMIT_AS).
+   (the filter refuses dropping, loading ahead and probing it without a clock; docs/sandbox.md) and the machine's
+   load; memory pressure up to RLIMIT_AS, memfds and tmpfs times the number of live children (System V IPC refused).
  * Env code can swap the child's reply encoder and instrument its own interpreter: it can forge only the reply
    to its own call in progress, whose result it controls anyway, and the parent decodes it as hostile data.
  * The cause of death is read from the child's crash pipe: code that writes fake text there can only mislabel
@@ -264,7 +264,7 @@ class EnvProcess:
         if "Fatal Python error" in text:
             first = text[text.index("Fatal Python error"):].splitlines()[0]
             return "crash", first
-        if text.strip():   # SIGXCPU dumped a stack: the CPU limit was reached
+        if "most recent call first" in text:   # SIGXCPU dumped a stack: the CPU limit was reached
             return "timeout", f"CPU time limit of {self.limits.cpu_seconds} s exceeded"
         return "crash", "the child exited without replying"
 
@@ -293,17 +293,17 @@ class EnvProcess:
 # Text an environment sends is made inert once, as its reply is decoded: a lone surrogate (no UTF-8 encoder
 # takes one: a print, a file or a page written later would fail) becomes U+FFFD in a failure's detail and fails a
 # value as 'bad_reply' (as ever: no tokenizer takes one either); a control character other than newline and tab
-# (in a detail, which is one line, those too), a line or paragraph separator and a bidi override or isolate are
-# shown as their escape (\x1b, \r, \u202e), so no text moves a terminal's cursor, erases a line or reorders what
-# is shown.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_UNSAFE_IN_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+# (in a detail, which is one line, those too), a line or paragraph separator, a bidi control (marks, embeddings,
+# overrides, isolates) and an invisible character (zero-width ones, word joiner, BOM, tag characters) are shown as
+# their escape (\x1b, \r, \u202e), so no text moves a terminal's cursor, reorders what is shown or hides text.
+_HIDDEN = "\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\U000e0000-\U000e007f\ud800-\udfff"
+_UNSAFE, _UNSAFE_IN_LINE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_HIDDEN}]"), re.compile(f"[\x00-\x1f\x7f-\x9f{_HIDDEN}]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def inert(text: str, one_line: bool = False) -> str:
     """text as it may be printed or written: lone surrogates as U+FFFD, control characters other than newline and
-    tab (one_line: those too), U+2028/U+2029 and bidi controls shown as their escape. Linear in len(text).
+    tab (one_line: those too), U+2028/U+2029, bidi controls and invisible characters shown as their escape.
 
     >>> inert("ok\\r\\x1b[2K valid\\ud800\\n"), inert("a\\nb\\tc", one_line=True), inert("plain text")
     ('ok\\\\r\\\\x1b[2K valid\\ufffd\\n', 'a\\\\nb\\\\tc', 'plain text')
@@ -317,7 +317,7 @@ def _shown(match: re.Match) -> str:
     if "\ud800" <= char <= "\udfff":
         return "\ufffd"
     named, code = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char), ord(char)
-    return named or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return named or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
 
 
 def _inert_text(text: str) -> str:

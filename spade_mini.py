@@ -96,7 +96,7 @@ def _clip_observation(obs: str, tok, max_tokens: int) -> str:
     return up to the sandbox's message cap, ~1 MB), then in tokens (the width the memory plan counts on)."""
     cut = len(obs) > MAX_OBSERVATION_CHARS
     obs = obs[:MAX_OBSERVATION_CHARS]
-    ids = tok(obs, add_special_tokens=False)["input_ids"]
+    ids = models.text_ids(tok, obs)   # its markers as text (models.quoted), as the prompt will hold them
     if len(ids) > max_tokens:
         # room for the marker's tokens; a cut inside a multi-byte character decodes to U+FFFD, dropped
         obs, cut = tok.decode(ids[: max(1, max_tokens - 8)]).rstrip("\ufffd"), True

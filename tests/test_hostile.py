@@ -535,7 +535,7 @@ def test_read_every_environ_in_proc_past_the_audit_hook(hook_defeated):
     code = env(reset='''
         import os
         seen = {}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
             try:
                 seen[pid] = open(f"/proc/{pid}/environ", "rb").read().decode()
             except OSError as e:
@@ -809,21 +809,19 @@ def test_host_tmp_home_and_proc_are_not_in_the_view_past_the_audit_hook(hook_def
     try:
         code = env(reset=f'''
             import os
-            seen = {{"root": sorted(os.listdir("/")), "proc": sorted(p for p in os.listdir("/proc") if p.isdigit())}}
+            seen = {{"root": sorted(os.listdir("/")), "proc": os.path.exists("/proc")}}
             for path in ({planted!r}, "/etc/passwd", "/work", "/home", "/root/.bashrc", {str(tmp_path)!r}):
                 try:
                     seen[path] = open(path).read()[:100] if os.path.isfile(path) else os.listdir(path)
                 except OSError as e:
                     seen[path] = e.errno
-            seen["mounts"] = open("/proc/self/mounts").read()
             return seen, {{}}''')
         seen = attack(code)[0]   # attack() checks that SECRET appears nowhere in the outcome
     finally:
         os.remove(planted)
     assert set(seen["root"]) <= {"usr", "lib", "lib64", "lib32", "tmp", "proc", "dev", "root", "home", "opt"}
-    assert seen["proc"] == ["1", "2"]   # bwrap's init and the interpreter
+    assert seen["proc"] is False   # no /proc at all: no other process, no host-wide counter
     assert all(isinstance(seen[p], int) for p in (planted, "/etc/passwd", "/work", str(tmp_path)))
-    assert "/work" not in seen["mounts"] and "/etc" not in seen["mounts"]
 
 
 # Class 9: no process, and a bounded number of threads.
@@ -1004,26 +1002,51 @@ def test_bad_reply_is_a_verdict_of_validate_not_an_exception():
 SURROGATE = env(reset="raise ValueError('bad \\ud800 text')")
 FORGING = env(reset="raise ValueError('\\r\\x1b[2Kexamples/walk.py: valid (ok)\\n  ok   size\\n"
                     "{\"return\": 1.0, \"turns\": 1, \"terminated\": true, \"failure\": null}\\x1b[8m')")
-HOSTILE_TEXTS = pytest.mark.parametrize("code", [SURROGATE, FORGING], ids=["lone surrogate", "terminal controls"])
+# bidi controls and invisible characters: a red team's text reached play's and validate's output raw
+HIDDEN = "\u061c\u200e\u200f\u202a\u202e\u2066\u2069\u200b\u2060\ufeff\U000e0041\U000e007f"
+HIDING = env(reset=f"raise ValueError('valid{HIDDEN}x')")
+HOSTILE_TEXTS = pytest.mark.parametrize("code", [SURROGATE, FORGING, HIDING],
+                                        ids=["lone surrogate", "terminal controls", "bidi and invisible"])
 
 
 def printable(text: str, newlines: bool) -> bool:
-    """Encodable as UTF-8, with no control character but newline (if allowed), no line separator or bidi control."""
+    """Encodable as UTF-8, with no control character but newline (if allowed), no line separator, bidi control or
+    invisible character."""
     text.encode("utf-8")
     return not any((ord(c) < 32 and not (newlines and c == "\n")) or 0x7F <= ord(c) <= 0x9F
-                   or c in "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069" for c in text)
+                   or c in "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069" + HIDDEN
+                   for c in text)
 
 
 @HOSTILE_TEXTS
 def test_a_failures_detail_is_one_inert_line(code):
     err = attack(code)
     assert reason(err) == "error" and printable(err.detail, newlines=False), repr(err.detail)
-    assert "\ufffd" in err.detail if code is SURROGATE else "\\r\\x1b[2Kexamples/walk.py" in err.detail
+    shown = {SURROGATE: "\ufffd", FORGING: "\\r\\x1b[2Kexamples/walk.py",
+             HIDING: "valid\\u061c\\u200e\\u200f\\u202a\\u202e\\u2066\\u2069\\u200b\\u2060\\ufeff\\U000e0041"}
+    assert shown[code] in err.detail, err.detail
 
 
 def test_an_observation_keeps_newlines_and_tabs_and_shows_every_other_control_as_its_escape():
     code = env(reset="return 'a\\tb\\nc\\r\\x1b[2K\\x9b\\u202e\\u2028', {'k\\x1b': ['v\\x07']}")
     assert attack(code) == ["a\tb\nc\\r\\x1b[2K\\x9b\\u202e\\u2028", {"k\\x1b": ["v\\x07"]}]
+
+
+def test_an_observation_shows_bidi_controls_and_invisible_characters_as_their_escape():
+    shown = attack(env(reset=f"return 'A{HIDDEN}B', {{'\u200b': 1}}"))
+    assert shown == ["A\\u061c\\u200e\\u200f\\u202a\\u202e\\u2066\\u2069\\u200b\\u2060\\ufeff\\U000e0041\\U000e007fB",
+                     {"\\u200b": 1}]
+
+
+def test_play_prints_observations_with_bidi_controls_and_invisible_characters_as_escapes(tmp_path):
+    path, moves = tmp_path / "hiding.py", tmp_path / "moves.txt"
+    path.write_text(env(reset=f"return 'Pick a door{HIDDEN}', {{}}",
+                        step=f"return 'you{HIDDEN}win', 1.0, True, False, {{}}"), encoding="utf-8")
+    moves.write_text("1\n")
+    done = run_cli("play", str(path), "--actions", str(moves), "--timeout", "2")
+    out = done.stdout.decode("utf-8")
+    assert done.returncode == 0 and printable(out, newlines=True), out
+    assert out.count("\\u200e\\u200f") == 2 and out.count("\\U000e007f") == 2, out
 
 
 def run_cli(*argv) -> subprocess.CompletedProcess:
@@ -1246,3 +1269,186 @@ def test_a_tool_errors_output_is_shown_on_the_verdicts_one_line():
         "self.n += 1", "raise ValueError('boom\\n  ok   solvable')")
     verdict = envs.validate(code, Limits(call_timeout=2.0), max_turns=4, setting="tool_use")
     assert verdict.reason == "tool_error" and "boom\\n  ok" in verdict.detail and "\n" not in verdict.detail, verdict
+
+
+# Class 13: no memory outside the child's limits. A red team held 1,280 MB of System V shared memory (5 segments of
+# 256 MB, filled and detached) while RLIMIT_AS was 1,024 MB: what an IPC namespace keeps counts against no limit.
+
+def shmem_mb() -> float:
+    """The host's shared memory (tmpfs, System V and POSIX shared memory, memfds), from /proc/meminfo."""
+    with open("/proc/meminfo") as f:
+        return int(next(line for line in f if line.startswith("Shmem:")).split()[1]) / 1024
+
+
+# Each holds what it can through one mechanism and returns (errno of the refusal or 0, MB held).
+OUTSIDE_THE_ADDRESS_SPACE = {
+    "system_v_shared_memory": '''
+        libc.shmat.restype = ctypes.c_void_p
+        held = 0
+        for _ in range(4):
+            sid = libc.syscall(29, 0, 32 << 20, 0o1000 | 0o600)   # shmget(IPC_PRIVATE, 32 MB, IPC_CREAT)
+            if sid < 0:
+                return [ctypes.get_errno(), held], {}
+            address = libc.shmat(sid, None, 0)
+            ctypes.memset(address, 1, 32 << 20)
+            libc.shmdt(ctypes.c_void_p(address))   # detached: the segment stays, outside RLIMIT_AS
+            held += 32
+        return [0, held], {}''',
+    "system_v_message_queues": '''
+        message = ctypes.create_string_buffer(8 + 8192)
+        ctypes.c_long.from_buffer(message).value = 1   # mtype
+        held = 0
+        for _ in range(32):
+            qid = libc.syscall(68, 0, 0o1000 | 0o600)   # msgget(IPC_PRIVATE, IPC_CREAT)
+            if qid < 0:
+                return [ctypes.get_errno(), held >> 20], {}
+            while libc.syscall(69, qid, message, 8192, 0o4000) == 0:   # msgsnd(..., IPC_NOWAIT) until full
+                held += 8192
+        return [0, held >> 20], {}''',
+    "system_v_semaphores": '''
+        return [refused(64, 0, 250, 0o1000 | 0o600), 0], {}   # semget(IPC_PRIVATE, 250, IPC_CREAT)''',
+    "posix_message_queues": '''
+        return [refused(240, b"spade", os.O_CREAT | os.O_RDWR, 0o600, None), 0], {}   # mq_open''',
+    "posix_shared_memory": '''
+        held = 0
+        try:
+            for i in range(32):   # shm_open is an open() in /dev/shm
+                fd = os.open(f"/dev/shm/spade{i}", os.O_CREAT | os.O_RDWR, 0o600)
+                os.write(fd, bytes(1 << 20))
+                os.close(fd)
+                held += 1
+        except OSError as err:
+            return [err.errno, held], {}
+        return [0, held], {}''',
+}
+REFUSED_AS = {"posix_shared_memory": (errno.EROFS, errno.EACCES, errno.ENOENT)}
+
+
+@needs("syscall_filter")
+@pytest.mark.parametrize("mechanism", sorted(OUTSIDE_THE_ADDRESS_SPACE))
+def test_no_memory_outside_the_address_space_limit_past_the_audit_hook(hook_defeated, mechanism):
+    """Refused by the kernel's layers (the filter: System V IPC, POSIX message queues; /dev read-only: POSIX shared
+    memory); the host's shared memory does not grow while the child lives and is where it was once it is closed."""
+    code = env(prelude=SYSCALLS, reset=OUTSIDE_THE_ADDRESS_SPACE[mechanism])
+    before = shmem_mb()
+    with EnvProcess(code, {}, Limits(call_timeout=10.0)) as child:
+        refusal, held = child.call("reset", 0)[0]
+        during = shmem_mb()
+    after = shmem_mb()
+    assert refusal in REFUSED_AS.get(mechanism, (errno.EPERM,)) and held == 0, (refusal, held)
+    assert during - before < 16 and after - before < 16, (before, during, after)
+
+
+@needs("syscall_filter")
+def test_memfds_and_the_private_tmpfs_hold_at_most_their_bounds_past_the_audit_hook(hook_defeated):
+    """What the child may hold outside RLIMIT_AS, and binds: memfds, at most RLIMIT_NOFILE of RLIMIT_FSIZE each
+    (open_files x file_size_mb), and its private tmpfs (4 x file_size_mb); all of it is back once it is closed."""
+    code = env(prelude=SYSCALLS, reset='''
+        fds, held = [], 0
+        try:
+            while True:
+                fds.append(os.memfd_create("m"))
+                os.write(fds[-1], bytes(1 << 20))
+                held += 1
+        except OSError:
+            pass
+        for fd in fds[len(fds) // 2:]:   # room for files in the tmpfs
+            os.close(fd)
+        files = 0
+        try:
+            while True:
+                with open(f"f{files}", "wb") as f:
+                    f.write(bytes(1 << 20))
+                files += 1
+        except OSError:
+            pass
+        return [held, files], {}''')
+    limits = Limits(call_timeout=10.0, open_files=32, file_size_mb=1)
+    before = shmem_mb()
+    with EnvProcess(code, {}, limits) as child:
+        memfds, files = child.call("reset", 0)[0]
+        during = shmem_mb()
+    after = shmem_mb()
+    assert 0 < memfds <= 32 and 0 < files <= 4, (memfds, files)
+    assert during - before < 32 / 2 + 4 + 16 and after - before < 16, (before, during, after)
+
+
+# Class 14: no host-wide counter precise enough to carry a message between two live environments. A red team sent
+# 14 of 16 bits through the host's free memory (64 MB steps, read from os.sysconf('SC_AVPHYS_PAGES'), hook on).
+
+@needs("syscall_filter")
+@needs("minimal_filesystem")
+def test_free_memory_and_load_as_python_reads_them_are_not_the_hosts():
+    """os.sysconf reads sysinfo(2), which the filter refuses (glibc then returns what its buffer held);
+    os.getloadavg reads /proc/loadavg, which is not in the view."""
+    code = env(reset='''
+        import os
+        out = {"free_pages": os.sysconf("SC_AVPHYS_PAGES")}
+        try:
+            out["load"] = os.getloadavg()
+        except OSError as err:
+            out["load"] = str(err)
+        return out, {}''')
+    out = attack(code)[0]
+    host = os.sysconf("SC_AVPHYS_PAGES")
+    assert not 0.5 * host < out["free_pages"] < 2 * host, (out, host)
+    assert isinstance(out["load"], str), out
+
+
+@needs("syscall_filter")
+@needs("minimal_filesystem")
+def test_no_host_wide_memory_or_load_counter_in_view_past_the_audit_hook(hook_defeated):
+    """x86-64: 99 sysinfo (free memory, load, process count); no /proc (meminfo, loadavg, stat's CPU times,
+    vmstat, pressure, the open-file count)."""
+    import platform
+    if platform.machine() != "x86_64":
+        pytest.skip("syscall numbers below are x86-64's")
+    code = env(prelude=SYSCALLS, reset='''
+        out = {"sysinfo": refused(99, ctypes.create_string_buffer(128))}
+        for path in ("/proc/meminfo", "/proc/loadavg", "/proc/stat", "/proc/vmstat", "/proc/pressure/memory",
+                     "/proc/sys/fs/file-nr", "/proc/self/status"):
+            try:
+                out[path] = open(path).read()[:40]
+            except OSError as err:
+                out[path] = err.errno
+        return out, {}''')
+    out = attack(code)[0]
+    assert out.pop("sysinfo") == errno.EPERM and set(out.values()) == {errno.ENOENT}, out
+
+
+# Class 15: a tripwire cannot be silenced by a thread. A red team filled the crash pipe, then made a refused open()
+# in a thread: the hook's write of why blocked that thread, the other served, and the env won saying so.
+
+FULL_CRASH_PIPE = '''
+    import json, os, sys, threading, time
+    crash = json.loads(sys.argv[1])["fds"][2]   # the child's crash pipe
+    os.set_blocking(crash, False)
+    try:
+        while True:
+            os.write(crash, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(crash, True)
+    threading.Thread(target=open, args=("/etc/passwd",), daemon=True).start()
+    time.sleep(0.5)
+    return "tripwire silenced", {}'''
+
+
+def test_a_refusal_in_a_thread_ends_the_process_even_with_the_crash_pipe_full():
+    outcome = attack(env(reset=FULL_CRASH_PIPE))
+    assert reason(outcome) in ("forbidden", "crash"), outcome   # the text on the pipe is the env's own
+
+
+def test_a_refusal_whose_report_blocks_still_ends_the_process_by_the_alarm(monkeypatch):
+    """The last resort, for a pipe filled between the hook's check and its write (a race no test can win on
+    purpose): with the check taken out, the write blocks, and SIGALRM ends the process 0.1 s later."""
+    check = "if select_((), (crash_fd,), (), 0)[1]:"
+    assert isolation._CHILD_SOURCE.count(check) == 1
+    monkeypatch.setattr(isolation, "_CHILD_SOURCE", isolation._CHILD_SOURCE.replace(check, "if True:"))
+    outcome = attack(env(reset=FULL_CRASH_PIPE))
+    assert reason(outcome) == "crash", outcome
+
+
+def test_faulthandler_is_forbidden():
+    """faulthandler.register would turn SIGALRM, the hook's last resort, into a traceback."""
+    assert reason(attack(env(reset="import faulthandler\nreturn 'x', {}"))) == "forbidden"
