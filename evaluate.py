@@ -601,7 +601,7 @@ def memory_stats(records: list[dict]) -> dict:
 # -----------------------------------------------------------------------------------------------------------
 # 3b. the play guard (departure 32): scripted players that win without reasoning, under the conditions of play
 
-GUARD_SEEDS = 8            # a literal is the game's constant answer when it wins at this many play seeds
+GUARD_SEEDS = 12           # a literal is the game's constant answer when it wins at this many play seeds (binary: 2^-11)
 GUARD_BLIND_SEEDS = 4      # each made-up action is played at this many play seeds
 GUARD_BLIND_SHARE = 0.25   # made-up actions that win this share of their plays: the game pays whatever is said
 GUARD_LITERALS = 32        # literals of the hint and the source tried as answers, at most

@@ -241,3 +241,37 @@ if __name__ == "__main__":   # the false-positive count of departure 32: honest 
             caught[(path.name, k)] = finding
             print(path.name, k, finding or "-", flush=True)
     print(f"caught {sum(map(bool, caught.values()))} of {len(caught)} honest (game, seed set) pairs")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# the copy check's measured error rates against examples/cups.py (docs/details.md, departure 25)
+
+CUP_COPIES = sorted((ROOT / "tests" / "copies").glob("cupcopy_*.py"))      # the same game, reshaped
+CUP_VARIANTS = sorted((ROOT / "tests" / "copies").glob("cupvariant_*.py"))  # other games made from cups
+
+
+def test_the_copies_of_cups_are_the_same_game_and_the_variants_are_not():
+    """Each copy gives the same return and turns as cups for 5 action sequences of three picks at 4 seeds;
+    each variant differs from cups on at least one (or plays actions cups refuses)."""
+    import itertools
+    import cli
+    cups = (ROOT / "examples" / "cups.py").read_text()
+    scripts = [[f"\\boxed{{{c}}}" for c in picks] for picks in itertools.product("123", repeat=3)][::6]
+
+    def outcomes(code):
+        return [(r["return"], r["turns"]) for seed in range(4) for actions in scripts
+                for r in [cli.play_scripted(code, actions, seed, 3, LIMITS)]]
+    reference = outcomes(cups)
+    assert all(outcomes(p.read_text()) == reference for p in CUP_COPIES)
+    assert sum(outcomes(p.read_text()) != reference for p in CUP_VARIANTS) >= 6
+
+
+def test_the_copy_checks_error_rates_on_cups_are_those_the_docs_state():
+    """Structure alone, against cups as the reference: 7 of 8 reshaped copies accepted (false accepts), 6 of 8
+    honest variants rejected (false rejects), bench/heldout/hilo.py 0.857 (accepted)."""
+    cups = (ROOT / "examples" / "cups.py").read_text()
+    score = {p.stem: evaluate.copy_similarity(p.read_text(), [cups]) for p in CUP_COPIES + CUP_VARIANTS}
+    accepted = [p.stem for p in CUP_COPIES if score[p.stem] < evaluate.COPY_SIMILARITY]
+    rejected = [p.stem for p in CUP_VARIANTS if score[p.stem] >= evaluate.COPY_SIMILARITY]
+    assert (len(accepted), len(rejected)) == (7, 6), (accepted, rejected, score)
+    assert round(evaluate.copy_similarity((ROOT / "bench" / "heldout" / "hilo.py").read_text(), [cups]), 3) == 0.857
