@@ -29,7 +29,8 @@ GAMES = {"game_master_key": "constant answer", "game_lottery_seed_action": "blin
          "game_hint_only": "constant answer"}
 HINTS = {"game_hint_only": "Think of the tree on a flag with a red leaf: maple."}   # what a source-reading hint says
 HONEST = (sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "bench" / "heldout").glob("*.py"))
-          + sorted((ROOT / "tests" / "copies").glob("new_*.py")))
+          + sorted((ROOT / "tests" / "copies").glob("new_*.py"))
+          + sorted((ROOT / "tests" / "copies").glob("cupvariant_*.py")))
 
 
 def play_seeds(k: int, n: int = 16) -> list[int]:
