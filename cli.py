@@ -514,8 +514,10 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
                 and all(isinstance(t, list) and len(t) == len(x) and all(isinstance(b, bool) for b in t)
                         for t, x in zip(trained, steps))):
             fail(f"{where}.trained", "lists of true/false shaped like unhinted")
+        if not isinstance(e.get("caught", False), bool):
+            fail(f"{where}.caught", "true or false (the play guard's finding: the designer reward is 0)")
         out.append(dict(skill=e["skill"], hung_step=hung_step, unhinted=steps, trained=trained,
-                        hinted=numbers(e.get("hinted", []), f"{where}.hinted")))
+                        hinted=numbers(e.get("hinted", []), f"{where}.hinted"), caught=e.get("caught", False)))
     return {"variant": data["variant"], "window": data["window"], "mu_slow": dict(mu), "envs": out,
             "hang_penalty": data.get("hang_penalty", hang_penalty)}
 

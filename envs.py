@@ -49,10 +49,10 @@ CHECKS = ("size", "compiles", "env_class", "instantiates", "reset", "step_types"
 TOOL_CHECKS = ("size", "compiles", "env_class", "instantiates", "reset", "tools", "tools_callable",
                "step_types", "reward_range", "not_trivial", "reset_other", "deterministic", "solvable")
 PROBE_ANSWER = "<answer>test</answer>"   # the tool-use probe action: after one call of every tool
-VERDICT_REASONS = ("ok", "no_code", "encoding", "too_large", "syntax", "no_env_class", "init_error", "reset_error",
-                   "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic", "unsolvable", "copy",
-                   "fixed_answer", "bad_tools", "tool_error", "timeout", "memory", "forbidden", "crash",
-                   "not_serializable", "protocol", "bad_reply")
+VERDICT_REASONS = ("ok", "no_code", "encoding", "too_large", "too_deep", "syntax", "no_env_class", "init_error",
+                   "reset_error", "step_error", "bad_step_type", "reward_range", "trivial", "nondeterministic",
+                   "unsolvable", "copy", "fixed_answer", "bad_tools", "tool_error", "timeout", "memory", "forbidden",
+                   "crash", "not_serializable", "protocol", "bad_reply")
 WIN_REWARD = 0.999         # a step with terminated=True and at least this reward wins the game
 ANSWER_SEEDS = 8           # fair games: solution() is read at this many drawn seeds; one answer at all is fixed
 MAX_CODE_BYTES = 256_000   # the paper's environments are 300-380 lines (~15 kB); megabytes are rejected unread
@@ -424,12 +424,13 @@ def _play_solution(env: EnvProcess, seed: int, turns: int, setting: str) -> tupl
     return actions, [(obs,), *trace], won
 
 
-def _fair_game(env: EnvProcess, seed: int, actions: list | None, turns: int) -> bool:
-    """The fair-game guard (departure 29, --fair-games): a designed game must give solution() as \\boxed{} actions
-    (else it may be never winnable), lose when each probe action takes their place (else the seed decides it) and
-    have an answer that changes with the seed (else a hint that reads the source can state it)."""
+def _fair_game(env: EnvProcess, seed: int, actions: list | None, turns: int) -> bool | None:
+    """The fair-game guard (departure 29, --fair-games): where solution() gives \\boxed{} actions, a designed game
+    must lose when each probe action takes their place (else the seed decides it) and have an answer that changes
+    with the seed (else a hint that reads the source can state it). None: nothing to replay, it stands aside (the
+    play guard, evaluate.play_guard, still plays the game)."""
     if actions is None:
-        raise Rejected("unsolvable", "fair games: solution() gives no \\boxed{} action sequence to replay")
+        return None   # a description or no solution() at all, as the official contract allows: it stands aside
     taken = min(len(actions), turns)
     if all(_reset(env, seed) and _play(env, [probe] * taken, turns)[1] for probe in PROBE_ACTIONS):
         raise Rejected("trivial", f"fair games: each probe action taken {taken} times wins at seed {seed}, as "
@@ -472,7 +473,9 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
         return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns)
     except ContractError as err:   # a reply no honest child sends (a :tool reply not [str, 0 | 1]): a forged encoder
         return Verdict(False, "bad_reply", class_name, checks, f"a reply of the wrong shape: {err}"[:500], turns)
-    return Verdict(True, "ok", class_name, checks, _print_note(code), turns)
+    aside = "note: the fair-game guard stood aside: solution() gives no \\boxed{} action sequence to replay" \
+        if fair_games and checks.get("fair_game", False) is None else ""
+    return Verdict(True, "ok", class_name, checks, "; ".join(filter(None, (aside, _print_note(code)))), turns)
 
 
 def _same_episodes(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], trace, checks: dict) -> None:
@@ -833,9 +836,13 @@ class Memory:
             return data["records"]
         return runs.read_json_or_set_aside(self.path, records, "starting with an empty memory") or []
 
-    def add(self, record: dict) -> None:
+    def add(self, record: dict, duplicates: int = 0) -> None:
+        """duplicates > 0: at most that many records share the record's "signature" (its mechanics,
+        evaluate.mechanics_signature); the oldest of them is dropped (the near-duplicate cap, departure 32)."""
         self._check(record)
-        self.records = (self.records + [record])[-self.capacity:]
+        same = [r for r in self.records if record.get("signature") and r.get("signature") == record["signature"]]
+        gone = {id(r) for r in same[:max(0, len(same) + 1 - duplicates)]} if duplicates > 0 else set()
+        self.records = ([r for r in self.records if id(r) not in gone] + [record])[-self.capacity:]
 
     def save(self) -> None:
         runs.write_atomic(self.path, json.dumps({"capacity": self.capacity, "records": self.records}) + "\n")

@@ -33,12 +33,18 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import functools
+import hashlib
 import math
+import os
+import random
 import re
 import sys
 import time
+import unicodedata
 import importlib.util
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,27 +228,57 @@ def vendi_score(similarity: np.ndarray) -> float:
 
 
 _TOKEN = re.compile(r"[A-Za-z_]\w*|\d+|\S")
+DIVERSITY_TOKENS = 5_000     # tokens of a program that diversity reads (cups.py: 400); bounds its cost
+_CHUNK = 1 << 16             # n-gram columns per block of the (programs x n-grams) product
 
 
 def code_vectors(codes: list[str], n: int = 3) -> np.ndarray:
     """Binary bag of token n-grams per program, shape (len(codes), vocabulary): the diversity representation.
 
     Tokens are identifiers, digit runs and single punctuation characters (a regex, so broken code works
-    too); a program's vector marks which n-grams of consecutive tokens it contains. Presence rather than
-    counts keeps boilerplate such as `self .` from dominating the cosine.
+    too), the first DIVERSITY_TOKENS of each program; a program's vector marks which n-grams of consecutive
+    tokens it contains. Presence rather than counts keeps boilerplate such as `self .` from dominating the cosine.
 
     >>> code_vectors(["a = 1", "a = 1", "b = 2"], n=2).sum(axis=1).tolist()
     [2.0, 2.0, 2.0]
     """
+    ids, columns = _gram_ids(codes, n)
+    x = np.zeros((len(codes), columns), dtype=np.float32)  # 0/1 entries: float32 counts stay exact
+    for row, gs in enumerate(ids):
+        x[row, gs] = 1.0
+    return x
+
+
+def _gram_ids(codes: list[str], n: int) -> tuple[list[np.ndarray], int]:
+    """Each program's distinct n-grams as column numbers, and the number of columns."""
     grams = []
     for code in codes:
-        toks = _TOKEN.findall(code)
+        toks = _TOKEN.findall(code[:DIVERSITY_TOKENS * 64])[:DIVERSITY_TOKENS]   # a token is rarely 64+ chars
         grams.append({tuple(toks[i:i + n]) for i in range(max(1, len(toks) - n + 1))} if toks else set())
-    vocab = {g: i for i, g in enumerate(sorted(set().union(*grams)))} if grams else {}
-    x = np.zeros((len(codes), len(vocab)), dtype=np.float32)  # 0/1 entries: float32 counts stay exact
-    for row, gs in enumerate(grams):
-        x[row, [vocab[g] for g in gs]] = 1.0
-    return x
+    vocab: dict = {}
+    for gs in grams:
+        for g in gs:
+            vocab.setdefault(g, len(vocab))
+    return [np.fromiter((vocab[g] for g in gs), dtype=np.int64, count=len(gs)) for gs in grams], len(vocab)
+
+
+def _shared_grams(codes: list[str], n: int) -> np.ndarray:
+    """(programs, programs) numbers of n-grams two programs share: code_vectors' x @ x.T. The diagonal is each
+    program's count; off it only n-grams held by two programs or more count, a block of _CHUNK of them at a
+    time, so that memory stays programs x _CHUNK whatever the vocabulary."""
+    ids, columns = _gram_ids(codes, n)
+    held = np.bincount(np.concatenate(ids), minlength=columns) if ids and columns else np.zeros(0, dtype=np.int64)
+    common = np.cumsum(held >= 2) - 1            # column -> its number among the shared ones
+    sizes = [len(gs) for gs in ids]
+    ids = [common[gs[held[gs] >= 2]] for gs in ids]
+    shared = np.zeros((len(codes), len(codes)))
+    for start in range(0, int(held.size and common[-1] + 1), _CHUNK):
+        block = np.zeros((len(codes), _CHUNK), dtype=np.float32)
+        for row, gs in enumerate(ids):
+            block[row, gs[(gs >= start) & (gs < start + _CHUNK)] - start] = 1.0
+        shared += block @ block.T
+    np.fill_diagonal(shared, sizes)
+    return shared
 
 
 def diversity(codes: list[str], n: int = 3) -> float:
@@ -256,8 +292,7 @@ def diversity(codes: list[str], n: int = 3) -> float:
     """
     if not codes:
         return 0.0
-    x = code_vectors(codes, n)
-    shared = (x @ x.T).astype(np.float64)       # (n, n) number of n-grams two programs share
+    shared = _shared_grams(codes, n)            # (n, n) number of n-grams two programs share
     size = np.maximum(np.diag(shared), 1.0)     # an empty program is similar only to itself (diagonal below)
     k = shared / np.sqrt(np.outer(size, size))  # cosine of the 0/1 vectors
     np.fill_diagonal(k, 1.0)
@@ -297,24 +332,82 @@ class _Anonymous(ast.NodeTransformer):
         return ast.copy_location(ast.Constant(""), node)
 
 
+MAX_TREE_DEPTH = 100        # nesting of a program's syntax tree the trainer walks (its recursion limit is 1,000)
+MAX_TREE_NODES = 200_000    # syntax-tree nodes (a 256 kB program of short statements has ~120,000)
+SHAPE_CUTS = 64             # a cut program (a memory example) is parsed at most this many lines shorter
+
+
+def bounded_tree(code: str) -> ast.Module | str:
+    """The program's syntax tree, or why the trainer will not walk it: `too_large` (more bytes than
+    envs.MAX_CODE_BYTES or nodes than MAX_TREE_NODES), `too_deep` (nested past MAX_TREE_DEPTH, so that the
+    trainer's recursive walks, ast.unparse among them, stay far from its recursion limit), `syntax`. Never
+    raises; the depth is measured without recursion.
+
+    >>> bounded_tree("x = " + "-" * 150 + "1"), type(bounded_tree("x = 1")).__name__, bounded_tree("x = (")
+    ('too_deep', 'Module', 'syntax')
+    """
+    if len(code.encode("utf-8", "replace")) > envs.MAX_CODE_BYTES:
+        return "too_large"
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return "syntax"
+    except (RecursionError, MemoryError):
+        return "too_deep"
+    stack, count = [(tree, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if depth > MAX_TREE_DEPTH or count > MAX_TREE_NODES:
+            return "too_deep" if depth > MAX_TREE_DEPTH else "too_large"
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return tree
+
+
+def normalized(text: str) -> str:
+    """Text as the checks compare it: Unicode NFKC (fullwidth `８９` is `89`), every decimal digit an ASCII one
+    (Arabic-Indic `٨٩` too), format characters (zero-width spaces, bidi controls, tag characters) removed, and the
+    line and paragraph separators a space. Linear in the text.
+
+    >>> normalized("\\uff18\\uff19 \\u0668\\u0669 a\\u200bb\\u2028c")
+    '89 89 ab c'
+    """
+    text = unicodedata.normalize("NFKC", text)
+    return "".join(" " if c in "\u2028\u2029\x85" else str(unicodedata.decimal(c, c)) for c in text
+                   if unicodedata.category(c) != "Cf")
+
+
+def _python_lines(code: str) -> list[str]:
+    """Lines as Python's tokenizer splits them (\\n, \\r\\n, \\r), not as str.splitlines does: that also splits at
+    U+2028, \\x0c and others, which the compiler leaves inside a comment or a string.
+
+    >>> _python_lines("a = 1  # (\\u2028)\\nb = 2")
+    ['a = 1  # (\\u2028)', 'b = 2']
+    """
+    return re.split(r"\r\n|\r|\n", code)
+
+
 def statement_shapes(code: str) -> collections.Counter:
     """The statements of a program with their spelling taken out (_Anonymous), counted: a simple statement as
     ast.unparse writes it, a compound one by its kind and head (`If: _ == _`); docstrings dropped. Comments,
-    formatting, redundant parentheses and the order of methods do not show. Code that does not parse (a memory
-    example cut at MEMORY_CODE_CHARS) counts by its longest prefix of whole lines that does; a cut that happens
-    to parse (`parts = match` of `parts = match.group(1)`) adds one statement that a copy lacks.
+    formatting, redundant parentheses and the order of methods do not show; identifiers are NFKC-normalised by
+    the parser, as the compiler does. Code that does not parse (a memory example cut at MEMORY_CODE_CHARS)
+    counts by its longest prefix of whole lines that does, at most SHAPE_CUTS lines shorter; a cut that happens
+    to parse (`parts = match` of `parts = match.group(1)`) adds one statement that a copy lacks. A program past
+    bounded_tree's bounds has no shapes (reject_copies refuses it first).
 
     >>> statement_shapes("total = a + b\\nif total > 3:\\n    print('big')\\n")
     Counter({'_ = _ + _': 1, 'If: _ > 0': 1, "_('')": 1})
     """
-    lines = code.splitlines()
+    lines = _python_lines(code)
     tree = ast.Module([], [])
-    for end in range(len(lines), 0, -1):
-        try:
-            tree = ast.parse("\n".join(lines[:end]))
+    for end in range(len(lines), max(0, len(lines) - SHAPE_CUTS), -1):
+        parsed = bounded_tree("\n".join(lines[:end]))
+        if not isinstance(parsed, str):
+            tree = parsed
             break
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
+        if parsed != "syntax":
+            break
     shapes: collections.Counter = collections.Counter()
     for node in ast.walk(_Anonymous().visit(tree)):
         if not isinstance(node, ast.stmt) or isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -346,9 +439,16 @@ def copy_similarity(code: str, references: list[str]) -> float:
 
 def reject_copies(codes: list, verdicts: list, shown: list[list[str]]) -> list:
     """A valid program that repeats an example its prompt showed (the in-context example, a memory example)
-    is not a new environment: its verdict becomes `copy`, so copying never earns regret or a memory place."""
+    is not a new environment: its verdict becomes `copy`, so copying never earns regret or a memory place. A
+    valid program the trainer will not walk (bounded_tree: `too_large`, `too_deep`) is refused with that reason
+    before any comparison, so that no program can make the check raise or stall the trainer."""
     out = []
     for code, verdict, references in zip(codes, verdicts, shown):
+        unwalkable = bounded_tree(code) if verdict.valid else None
+        if isinstance(unwalkable, str) and unwalkable != "syntax":
+            out.append(dataclasses.replace(verdict, valid=False, reason=unwalkable, detail=(
+                f"its syntax tree is past the copy check's bounds ({MAX_TREE_DEPTH} levels, {MAX_TREE_NODES} nodes)")))
+            continue
         similarity = copy_similarity(code, references) if verdict.valid else 0.0
         out.append(dataclasses.replace(verdict, valid=False, reason="copy", detail=f"similarity {similarity:.2f} to "
                                        "an example in its prompt") if similarity >= COPY_SIMILARITY else verdict)
@@ -370,7 +470,7 @@ def solution_keys(solution_actions: str | list[str] | None) -> set[str]:
     """
     if not solution_actions:
         return set()   # the environment has no solution(): nothing can leak
-    text = "\n".join([solution_actions] if isinstance(solution_actions, str) else solution_actions)
+    text = normalized("\n".join([solution_actions] if isinstance(solution_actions, str) else solution_actions))
     inner = _BOXED.findall(text) or [text]
     values = [v.lower() for part in inner for v in _VALUE.findall(part)]
     numbers = {v for v in values if v[-1].isdigit()}
@@ -379,7 +479,7 @@ def solution_keys(solution_actions: str | list[str] | None) -> set[str]:
 
 def _contains_keys(text: str, solution_actions: str | list[str] | None) -> bool:
     keys = solution_keys(solution_actions)
-    return bool(keys) and keys <= {v.lower() for v in _VALUE.findall(text)}
+    return bool(keys) and keys <= {v.lower() for v in _VALUE.findall(normalized(text))}   # `８９` is 89
 
 
 def hint_leak(hint: str, solution_actions: str | list[str] | None) -> bool:
@@ -439,14 +539,16 @@ def answer_is_listed(code: str, seed: int, solution: list[str], max_turns: int, 
     return other is not None and opening_leak(other[0], solution)
 
 
-def environment_stats(played: list, max_turns: int, limits: Limits) -> dict:
+def environment_stats(played: list, max_turns: int, limits: Limits, guard: bool = False) -> dict:
     """Statistics of a window's new environments (train.PlayedEnv, at the first step), each into its .stats:
     size, hint and opening leakage against its reference solution (replayed at its first play's seed; an opening
     that lists the answer among its options does not leak), and the window's diversity.
 
     subtle: a hint is written from the code alone, once for every seed. Where the answer is drawn from the seed,
     a hint that names it names it by chance (SmolLM2's hint for cups, "a team of 3 players ... 12 turns", at a
-    seed whose ball is under cup 3), so only an answer that is the same at other seeds can leak through a hint."""
+    seed whose ball is under cup 3), so only an answer that is the same at other seeds can leak through a hint.
+    guard: each designed game also gets .stats["guard"], play_guard's finding at its unhinted plays' seeds ("" when
+    none), which zeroes its designer reward (train.score); env/guard_caught counts them."""
     for e in played:
         seed = e.episodes[0].spec.seed if e.episodes else 0
         first_obs, solution = reference_solution(e.code, seed, max_turns, limits)
@@ -455,19 +557,142 @@ def environment_stats(played: list, max_turns: int, limits: Limits) -> dict:
                        and other_answer(e.code, seed, solution, max_turns, limits) is None,
                        opening_leak=bool(solution) and opening_leak(first_obs, solution)
                        and not answer_is_listed(e.code, seed, solution, max_turns, limits))
+        if guard and e.design is not None:
+            seeds = [ep.spec.seed for ep in e.episodes if ep.spec.hint is None]
+            e.stats["guard"] = play_guard(e.code, e.hint or "", seeds, max_turns, limits)
     with_solution = [e for e in played if e.stats["has_solution"]]
 
     def rate(key):
         return sum(e.stats[key] for e in with_solution) / len(with_solution) if with_solution else None
     return {"env/loc_mean": sum(e.stats["loc"] for e in played) / len(played) if played else None,
             "env/hint_leak_rate": rate("hint_leak"), "env/opening_leak_rate": rate("opening_leak"),
-            "env/diversity": diversity([e.code for e in played]) if len(played) > 1 else None}
+            "env/diversity": diversity([e.code for e in played]) if len(played) > 1 else None,
+            **({"env/guard_caught": sum(bool(e.stats.get("guard")) for e in played)} if guard else {})}
+
+
+LEARNABLE = (0.2, 0.8)      # a win rate in this band: the agent wins sometimes, so the environment has signal
+
+
+@functools.lru_cache(maxsize=256)   # the memory holds 200 records
+def mechanics_signature(code: str) -> str:
+    """A program's mechanics as a short hash: the set of its statement shapes (statement_shapes: names, literals,
+    comments, formatting and order out), so that renamed, reworded and reordered copies share one; a program past
+    bounded_tree's bounds is hashed by its text.
+
+    >>> mechanics_signature("a = b + 1\\nprint(a)") == mechanics_signature("x = y + 7  # sum\\nprint(x)")
+    True
+    """
+    shapes = sorted(statement_shapes(code)) or ["text:" + code]
+    return hashlib.sha256("\n".join(shapes).encode("utf-8", "replace")).hexdigest()[:16]
 
 
 def memory_stats(records: list[dict]) -> dict:
-    """memory/size and memory/diversity (Vendi / n of the remembered programs; None below two)."""
+    """memory/size, memory/diversity (Vendi / n of the remembered programs; None below two), memory/distinct_ratio
+    (distinct mechanics signatures / records: 1 when no two share mechanics) and memory/learnable_share (records
+    with a win rate in LEARNABLE): self-play collapses when one environment fills the pool."""
     codes = [r["code"] for r in records]
-    return {"memory/size": len(codes), "memory/diversity": diversity(codes) if len(codes) > 1 else None}
+    signatures = {r.get("signature") or mechanics_signature(r["code"]) for r in records}
+    return {"memory/size": len(codes), "memory/diversity": diversity(codes) if len(codes) > 1 else None,
+            "memory/distinct_ratio": len(signatures) / len(records) if records else None,
+            "memory/learnable_share": sum(LEARNABLE[0] <= r["win_rate"] <= LEARNABLE[1] for r in records) / len(records)
+            if records else None}
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 3b. the play guard (departure 32): scripted players that win without reasoning, under the conditions of play
+
+GUARD_SEEDS = 12           # a literal is the game's constant answer when it wins at this many play seeds (binary: 2^-11)
+GUARD_BLIND_SEEDS = 4      # each made-up action is played at this many play seeds
+GUARD_BLIND_SHARE = 0.25   # made-up actions that win this share of their plays: the game pays whatever is said
+GUARD_LITERALS = 32        # literals of the hint and the source tried as answers, at most
+_WORD = re.compile(r"[^\W_][\w .,'+-]{0,31}")   # a literal short and plain enough to be an answer
+
+
+def guard_literals(code: str, hint: str = "") -> list[str]:
+    """What a player that reads the hint or the source, with no reasoning, could answer: the hint's boxed contents,
+    quoted strings and numbers, then the source's short str and number constants, a boxed action's content for
+    one that holds one (first those in a comparison or assigned to a name one compares), then the hint's words of
+    4+ letters; each lower-cased too; at most GUARD_LITERALS. A program that does not parse, or is too deep to
+    walk (bounded_tree), gives the hint's only.
+
+    >>> guard_literals("n = 3\\nKEY = 'Xyzzy'\\nif a == KEY: pass", "Try the key.")
+    ['Xyzzy', 'xyzzy', '3']
+    """
+    text = normalized(hint)
+    found = [text[start + len("\\boxed{"):end - 1] for start, end in envs.boxed_spans(text)]
+    found += [*re.findall(r"[\"'`]([^\"'`\n]{1,32})[\"'`]", text), *re.findall(r"-?\d+(?:\.\d+)?", text)]
+    tree = bounded_tree(code)
+    if not isinstance(tree, str):
+        nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and not isinstance(n.value, bool)
+                 and isinstance(n.value, (str, int, float))]
+        inside = [c for n in ast.walk(tree) if isinstance(n, ast.Compare) for c in ast.walk(n)]
+        names = {getattr(c, "id", getattr(c, "attr", None)) for c in inside} - {None}
+        compared = {id(c) for c in inside} | {id(c) for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(
+            getattr(t, "id", getattr(t, "attr", None)) in names for t in n.targets) for c in ast.walk(n.value)}
+        for value in (str(n.value) for n in sorted(nodes, key=lambda n: id(n) not in compared)):
+            found += [value[start + len("\\boxed{"):end - 1] for start, end in envs.boxed_spans(value)] or [value]
+    found += [word.strip(".,;:!?") for word in text.split() if len(word.strip(".,;:!?")) > 3]
+    out: list[str] = []
+    for word in found:
+        for variant in (word.strip(), word.strip().lower()):
+            if variant not in out and _WORD.fullmatch(variant) and len(out) < GUARD_LITERALS:
+                out.append(variant)
+    return out
+
+
+def made_up_actions(seed: int) -> list[str]:
+    """Actions no honest game should reward, drawn from `seed` (never constants a program could test for): a
+    nonsense word and a large number, boxed, and a plain phrase.
+
+    >>> made_up_actions(0) == made_up_actions(0) != made_up_actions(1)
+    True
+    """
+    rng = random.Random(envs.derive_seed(seed, 0, "guard", 0))
+    word = "".join(rng.choice("bcdfghjklmnpqrstvwxz") + rng.choice("aeiou") for _ in range(4))
+    return [f"\\boxed{{{word}}}", f"\\boxed{{{rng.randint(10 ** 6, 10 ** 7)}}}", f"let me {word} the {word[::-1]}"]
+
+
+def _scripted_win(code: str, seed: int, actions: list[str], turns: int, limits: Limits) -> bool:
+    """One play as training plays it: a fresh process, the runner's turn cap, one reset at a play seed, then the
+    actions in turn until they run out or the episode ends; True when it is won (terminated, reward >=
+    WIN_REWARD). A failure of the environment is a loss."""
+    try:
+        with envs.open_env(code, turns, limits) as env:
+            envs.parse_reset(env.call("reset", seed))
+            for action in actions[:env.max_turns or turns]:
+                _, reward, terminated, truncated = envs.parse_step(env.call("step", action))
+                if terminated or truncated:
+                    return terminated and reward >= envs.WIN_REWARD
+    except (SandboxError, envs.ContractError):
+        pass
+    return False
+
+
+def play_guard(code: str, hint: str, seeds: list[int], turns: int, limits: Limits) -> str:
+    """Why a game pays a player that does not reason, "" when it does not (departure 32; games only). Every play
+    runs as training plays (_scripted_win: a fresh process per play, one reset, the play seeds given, padded to
+    GUARD_SEEDS), so a game that behaves otherwise in validation than in play is judged on its play:
+    * `blind win`: made-up actions (made_up_actions), each said every turn, win GUARD_BLIND_SHARE of their plays
+      at GUARD_BLIND_SEEDS seeds: any answer wins, or any answer said twice, or the seed with the action;
+    * `constant answer`: a literal of the hint or the source (guard_literals), said once, wins at all GUARD_SEEDS
+      seeds: what a hint that reads the source can state (a master key beside an honest secret, a case-folded
+      constant, a key that only play accepts)."""
+    seeds = (list(dict.fromkeys(seeds)) + [envs.derive_seed(0, i, "guard", len(code)) for i in range(GUARD_SEEDS)])
+    seeds = seeds[:GUARD_SEEDS]
+    made_up = made_up_actions(seeds[0])
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        blind = list(pool.map(lambda job: _scripted_win(code, job[1], [job[0]] * turns, turns, limits),
+                              [(action, seed) for action in made_up for seed in seeds[:GUARD_BLIND_SEEDS]]))
+        if sum(blind) >= GUARD_BLIND_SHARE * len(blind):
+            return (f"blind win: made-up actions ({', '.join(made_up)}), each said every turn, won {sum(blind)} of "
+                    f"{len(blind)} plays")
+        boxed = [f"\\boxed{{{literal}}}" for literal in guard_literals(code, hint)]
+        first = pool.map(lambda action: _scripted_win(code, seeds[0], [action], turns, limits), boxed)
+        for action in (action for action, won in zip(boxed, list(first)) if won):
+            if all(pool.map(lambda seed: _scripted_win(code, seed, [action], turns, limits), seeds[1:])):
+                return f"constant answer: {action}, a literal of the hint or the source, wins at all {len(seeds)} " \
+                       "play seeds"
+    return ""
 
 
 def zero_variance_fraction(groups: list[list[float]]) -> float:

@@ -197,8 +197,8 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
       memory's band, as the official memory takes it).
     * mu_slow: update_slow_means (every variant); learning_potential reads the UPDATED mean.
     * designer_reward: hang_penalty if hung at the window's first step (hung_step 0; every variant: departure
-      23), else designer_reward(variant, ...) on the surviving plays; `regret` pays the first step's regret,
-      `regret_based` R_hint - w (all the window's plays).
+      23), else 0 if `caught` (the play guard, departure 32), else designer_reward(variant, ...) on the
+      surviving plays; `regret` pays the first step's regret, `regret_based` R_hint - w (all the window's plays).
     * designer_advantage = designer_advantages(..., S = designer_scale(n_RA, window, n_ED)).
     * agent_advantages[k] = agent_advantages(step k) over its surviving plays.
 
@@ -222,7 +222,7 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
     for e, returns in zip(envs, window_returns):
         first = [float(r) for r in (e["unhinted"][0] if e["unhinted"] else [])]
         r_nohint, r_hint, w = _mean(first), _mean(e.get("hinted") or []), _mean(returns)
-        reward = (hang_penalty if e.get("hung_step") == 0
+        reward = (hang_penalty if e.get("hung_step") == 0 else 0.0 if e.get("caught")   # the play guard (dep. 32)
                   else designer_reward(variant, r_hint, r_nohint, w, mu_new.get(e["skill"])))
         trained = e.get("trained") or [[True] * len(step) for step in e["unhinted"]]
         rows.append(dict(r_hint=r_hint, r_nohint=r_nohint, regret=hint_regret(r_hint, r_nohint), w=w,

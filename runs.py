@@ -83,6 +83,8 @@ class Config:
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
     fair_games: bool = True             # a designed game's solution() must replay, beat probes, vary by seed (dep. 29)
+    play_guard: bool = True             # zero the designer reward of a game a scripted player wins unreasoning (dep. 32)
+    memory_duplicates: int = 2          # memory records that share one mechanics signature, at most (oldest dropped)
     # ablations
     no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)
     no_memory: bool = False             # designer prompts get no memory examples

@@ -332,7 +332,8 @@ def score(st: State, window: Window) -> list[dict]:
             continue
         given = {"variant": st.cfg.designer_reward, "window": window.length, "hang_penalty": st.cfg.timeout_penalty,
                  "envs": [dict(skill=e.skill, hung_step=e.hung_step, hinted=e.hinted, unhinted=e.unhinted,
-                               trained=e.trained) for e in chosen], "mu_slow": dict(st.mu_slow)}   # score's input
+                               trained=e.trained, caught=bool(e.stats.get("guard")))   # the play guard's finding
+                          for e in chosen], "mu_slow": dict(st.mu_slow)}   # score's input
         out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
                                   hang_penalty=given["hang_penalty"])
         if designed:                    # pool and backfill environments leave the slow means alone
@@ -357,8 +358,9 @@ def remember(st: State, window: Window) -> None:
         if e.design is None:
             continue                    # pool and backfill environments are not the designer's
         st.memory.add(dict(env_id=e.env_id, file=str(folder / f"{e.env_id}.py"), skill=e.skill, code=e.code,
-                           step=window.start, hung=e.hung,
-                           **{k: e.scores[k] for k in ("win_rate", "regret", "r_hint", "r_nohint", "w")}))
+                           step=window.start, hung=e.hung, signature=evaluate.mechanics_signature(e.code),
+                           **{k: e.scores[k] for k in ("win_rate", "regret", "r_hint", "r_nohint", "w")}),
+                      st.cfg.memory_duplicates)
     if models.is_main():
         st.memory.save()
 
@@ -459,7 +461,8 @@ def self_play_step(st: State, step: int) -> dict:
     # 6-7. at the window's last step: score (regret, designer rewards) and remember (scores + memory.json)
     with phase(bar, clock, "score"):
         if first:
-            clock.update(evaluate.environment_stats(live, cfg.max_turns, limits_of(cfg)))
+            clock.update(evaluate.environment_stats(live, cfg.max_turns, limits_of(cfg),
+                                                    guard=cfg.play_guard and cfg.setting == "games"))
         if last:
             window_records = score(st, window)
             remember(st, window)

@@ -125,7 +125,9 @@ class ScriptedDesigner:
 ARGS = ["--model", "tiny-random", "--skills", "Optimization", "--envs-per-step", "2", "--design-attempts", "2",
         "--plays", "4", "--hinted-plays", "2", "--max-turns", "2", "--hint-max-new-tokens", "8",
         "--agent-max-new-tokens", "32", "--agent-max-episode-tokens", "64", "--doc-words", "40", "--backfill", "",
-        "--regen-interval", "2", "--steps", "4", "--designer-reward", "blend", "--train-bf16", "off"]
+        "--regen-interval", "2", "--steps", "4", "--designer-reward", "blend", "--train-bf16", "off", "--no-play-guard"]
+# note: the play guard is off here: these games are lotteries of the reply's length, which it catches (departure 32;
+# test_the_play_guard_zeroes_the_designer_reward_of_a_lottery_end_to_end)
 # note: fp32 updates, so the tiny model's sampled outcomes (which steps tie) are the same on every CPU, with or
 # without native bf16
 
@@ -146,6 +148,22 @@ def designed_run(tmp_path_factory):
         designer = ScriptedDesigner(mp)
         assert cli.main(["train", *ARGS, "--out", str(out)]) == 0
     return out, designer
+
+
+def test_the_play_guard_zeroes_the_designer_reward_of_a_lottery_end_to_end(tmp_path):
+    """With the guard on (the default), the first window's parity game, a lottery of the reply's length, is caught
+    ("blind win"): the window's input records it and its designer reward is 0. (The thirds game, a lottery won a
+    third of the time, escapes at these seeds: its made-up actions won under a quarter of their 12 plays.)"""
+    out = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        ScriptedDesigner(mp)
+        args = [a for a in ARGS if a != "--no-play-guard"]
+        assert cli.main(["train", *args[:args.index("--steps") + 1], "2", *args[args.index("--steps") + 2:],
+                         "--out", str(out)]) == 0
+    (window,) = [r for r in lines(out / "samples.jsonl") if r["kind"] == "window" and r["designed"]]
+    assert [e["caught"] for e in window["input"]["envs"]] == [True, False]
+    assert window["output"]["envs"][0]["designer_reward"] == 0.0 < window["output"]["envs"][1]["designer_reward"]
+    assert steps(out)[0]["env/guard_caught"] == 1
 
 
 def test_valid_programs_are_designed_at_each_window_start(designed_run):

@@ -163,9 +163,11 @@ LOTTERY_SOLVED = LOTTERY.replace('"Call anything; luck decides."', '"\\\\boxed{h
 HOSTILE = {"seed_gated": SEED_GATED, "trivial_but_42": TRIVIAL_BUT_42, "described_maze": DESCRIBED_MAZE,
            "described_steps": DESCRIBED_STEPS, "constant_answer": CONSTANT_ANSWER, "lottery": LOTTERY}
 # the verdict with the fair-game guard (the default) and without it (--no-fair-games)
+# (a solution() that is a description: the guard stands aside, as the official contract accepts it; then the play
+# guard, evaluate.play_guard, catches what pays: here the lottery)
 EXPECTED = {"seed_gated": ("unsolvable", "unsolvable"), "trivial_but_42": ("trivial", "trivial"),
-            "described_maze": ("unsolvable", "ok"), "described_steps": ("unsolvable", "ok"),
-            "constant_answer": ("fixed_answer", "ok"), "lottery": ("unsolvable", "ok")}
+            "described_maze": ("ok", "ok"), "described_steps": ("ok", "ok"),
+            "constant_answer": ("fixed_answer", "ok"), "lottery": ("ok", "ok")}
 
 # contract breaks: hidden state from the global random module (no observation shows it), and prints
 GLOBAL_RANDOM = r'''
@@ -200,6 +202,11 @@ def test_each_unfair_game_is_rejected_with_its_reason_or_earns_nothing(name):
     assert (guarded.reason, unguarded.reason) == EXPECTED[name], (guarded.detail, unguarded.detail)
     if unguarded.valid:   # accepted without the guard: what the official method pays it
         assert measure(HOSTILE[name], "regret")["designer_reward"] == 0.0 or name == "constant_answer"
+    if guarded.valid:     # accepted: the play guard zeroes the reward of what would be paid (departure 32)
+        import evaluate
+        caught = evaluate.play_guard(HOSTILE[name], "", [envs.derive_seed(0, 0, "env", i) for i in range(PLAYS)],
+                                     TURNS, LIMITS)
+        assert bool(caught) == (name == "lottery"), caught
 
 
 def test_the_constant_answer_and_the_lottery_are_paid_without_the_guard():
