@@ -369,7 +369,7 @@ def main() -> None:
 def keep_distinct_programs(run_dir: Path) -> list[Path]:
     """The run's envs/step_*/ hold a copy of each environment's program per step (with regen_interval 1 and a
     fixed pool: 30 copies of the same two files) and a .json of its scores, which samples.jsonl's "env" records
-    also hold. Kept: one copy per distinct program, as envs/<name>.py, and envs/README.md saying at which steps
+    also hold. Kept: one copy per distinct program, as envs/<name>.py, and a README in envs/ saying at which steps
     each was played and how the per-step folders are regenerated. -> the kept programs."""
     folders = sorted((run_dir / "envs").glob("step_*"))
     first: dict[str, tuple[str, list[int]]] = {}   # program text -> (kept name, steps)
