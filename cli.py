@@ -14,6 +14,7 @@ matplotlib.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -24,6 +25,7 @@ import os
 import re
 import sys
 import textwrap
+import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -221,6 +223,64 @@ def precheck(explicit: dict) -> None:
     check_model(values["model"])
 
 
+# The demo (`spade-mini train`, no flags, converted model cached) as measured on two 2-core machines: the run is
+# bound by the CPU's matmuls (generation and the update), so it scales about with 1/cores and native bf16 halves
+# the generation's share (README, "Expected results").
+DEMO_SECONDS = {True: 157, False: 309}   # native bf16 (Intel Xeon, AMX; 8009a26) / none (AMD EPYC; 4dc3dbe)
+
+
+def machine() -> tuple[int, bool]:
+    """(cores this process may use, whether the CPU has native bf16 matmuls: avx512_bf16 or amx_bf16)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        flags = set()
+    return cores, bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def machine_line(explicit: dict) -> str:
+    """What `train` prints first: the machine, and about how long the demo takes on it."""
+    cores, bf16 = machine()
+    seconds = DEMO_SECONDS[bf16] * 2 / min(cores, 16)
+    demo = "this demo" if set(explicit) <= {"out"} else "the demo (spade-mini train without flags)"
+    return (f"machine: {cores} CPU core{'s' * (cores != 1)}, {'native' if bf16 else 'no native'} bf16; {demo} takes "
+            f"about {seconds / 60:.1f} min on its CPU (measured {DEMO_SECONDS[bf16] / 60:.1f} min on 2 cores "
+            f"{'with' if bf16 else 'without'} it), plus ~30 s the first time to convert the model")
+
+
+@contextlib.contextmanager
+def waiting(what: str, every: float = 5.0, stream=None):
+    """A wait that may pass ~10 s (importing torch, loading a model): a line now, and one every `every` seconds
+    with the time so far (on `stream`, stderr by default), so that it is not mistaken for a hang."""
+    t0, stop, stream = time.time(), threading.Event(), stream or sys.stderr
+
+    def tick() -> None:
+        while not stop.wait(every):
+            print(f"spade-mini: {what}: {time.time() - t0:.0f} s", file=stream, flush=True)
+    print(f"spade-mini: {what} ...", file=stream, flush=True)
+    ticker = threading.Thread(target=tick, daemon=True, name="waiting")
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+
+
+def interrupted(cfg) -> int:
+    """Ctrl-C in train: the message on its own line (a progress bar may have left the line open)."""
+    resume = f"; continue with --resume {cfg.out}" if runs.Run(cfg.out).config.exists() else ""
+    print(f"\nspade-mini: interrupted{resume}", file=sys.stderr)
+    return 130
+
+
+def resumed_from_scratch(run) -> None:
+    """A run interrupted before its first checkpoint has nothing to resume from: say that it starts over."""
+    print(f"spade-mini: {run.root} has no checkpoint yet (it stopped before its first one): the resume starts over "
+          "at step 0", flush=True)
+
+
 def cmd_train(explicit: dict) -> int:
     """Every check that needs no model runs before torch is imported (seconds, not a model load)."""
     if explicit.get("resume"):   # a finished run, or one whose checkpoints are gone: say so now
@@ -230,6 +290,8 @@ def cmd_train(explicit: dict) -> int:
             print(f"spade-mini: {run.root} already has {done} steps (--steps {cfg.steps}): nothing to do; continue "
                   f"it with --resume {run.root} --steps {done + 1} or more")
             return 0
+        if done == 0:
+            resumed_from_scratch(run)
     else:
         precheck(explicit)
         cfg = config_from_args(explicit)
@@ -237,16 +299,17 @@ def cmd_train(explicit: dict) -> int:
     check_config(None, cfg)
     check_model(cfg.model)
     check_bundled(cfg.model, cfg.cache_dir)
-    import models
-    import train
+    print(machine_line(explicit), flush=True)
+    with waiting("importing torch and transformers", stream=sys.stdout):   # stderr: errors only, one line
+        import models
+        import train
     check_config(train, cfg)   # now the skill names too
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
     resume = f"; continue with --resume {cfg.out}"
     try:
         train.train(cfg)
     except KeyboardInterrupt:
-        print(f"spade-mini: interrupted{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
-        return 130
+        return interrupted(cfg)
     except runs.PeerError as err:
         print(f"spade-mini: error: {err}{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
         return 1
@@ -320,9 +383,18 @@ def read_file(path: str, limit: int = 1_000_000, flag: str = "") -> bytes:
     return p.read_bytes()
 
 
+def verdict_json(verdict: envs.Verdict, failed: str | None) -> dict:
+    """The verdict for `validate --json`: a check that never ran (not reached after the one that failed, or
+    skipped) is "not run", not false."""
+    ran = list(verdict.checks)[:list(verdict.checks).index(failed) + 1] if failed else list(verdict.checks)
+    checks = {name: ok if name in ran and ok is not None else "not run" for name, ok in verdict.checks.items()}
+    return {**verdict.to_json(), "checks": checks}
+
+
 def cmd_validate(path: str, as_json: bool, timeout: float, setting: str = "games", fair_games: bool = True) -> int:
     verdict = envs.validate(read_file(path, limit=1 << 40), Limits(call_timeout=timeout),  # bytes: bad UTF-8 is a reason
                             setting=setting, fair_games=fair_games)
+    verdict.detail = verdict.detail.replace('"<env>"', repr(path)).replace("<env>", path)   # the file, not a tag
     print(f"{path}: {'valid' if verdict.valid else 'rejected'} ({verdict.reason})"
           + (f" class {verdict.class_name}" if verdict.class_name else "")
           + (f": {verdict.detail}" if verdict.detail else ""))
@@ -331,7 +403,7 @@ def cmd_validate(path: str, as_json: bool, timeout: float, setting: str = "games
         shown = "skip" if ok is None else "ok  " if ok else "FAIL" if name == failed else "-   "   # -: not reached
         print(f"  {shown} {name}")
     if as_json:
-        print(json.dumps({**verdict.to_json(), "sandbox": isolation_report()}))
+        print(json.dumps({**verdict_json(verdict, failed), "sandbox": isolation_report()}))
     return 0 if verdict.valid else 1
 
 
@@ -470,7 +542,7 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
     """The input of `spade-mini score` (docs/score.md, "Checking another implementation"), checked field by field;
     InputError names the first bad one. Returns it with the optional fields filled in."""
     def fail(where: str, what: str):
-        raise InputError(f"score input: {where} must be {what}")
+        raise InputError(f"score input: {where} must be {what} (docs/score.md)")
 
     def finite(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -480,8 +552,9 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
             fail(where, "a list of finite numbers")
         return value
 
-    if not isinstance(data, dict):
-        fail("the file", "a JSON object")
+    if not isinstance(data, dict) or not {"variant", "envs"} & set(data):
+        raise InputError("not a window of outcomes (an object with variant, window, envs: the format is in "
+                         "docs/score.md)")
     if data.get("variant") not in designer_rewards:
         fail("variant", "one of " + ", ".join(designer_rewards))
     if type(data.get("window")) is not int or data["window"] < 1:
@@ -530,7 +603,10 @@ def cmd_score(path: str) -> int:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as err:
         raise InputError(f"{path}: not JSON ({type(err).__name__})") from None
-    given = check_score_input(data, regret.DESIGNER_REWARDS, regret.HANG_PENALTY)
+    try:
+        given = check_score_input(data, regret.DESIGNER_REWARDS, regret.HANG_PENALTY)
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
     out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
                               hang_penalty=given["hang_penalty"])
     for k, e in enumerate(out["envs"]):
@@ -623,10 +699,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(f"--limit must be >= 1 (got {args.limit})")
     name, adapter, kwargs = eval_source(args)
     t0 = time.time()   # progress goes to stderr: with --json, stdout's last line must stay the result
-    import evaluate
-    import models
     try:
-        model, tok = models.load_for_eval(name, adapter, **kwargs)
+        with waiting(f"importing torch and loading {name}"):
+            import evaluate
+            import models
+            model, tok = models.load_for_eval(name, adapter, **kwargs)
     except (ValueError, FileNotFoundError) as err:
         raise InputError(f"{err} ({name})") from err
     work = (f"{args.limit} BFCL items advancing together, a line after each round" if args.suite == "bfcl" else
@@ -669,6 +746,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_report(run_dir: str) -> int:
     """`spade-mini report RUN_DIR`: write the report and print where it is."""
+    if not Path(run_dir).is_dir():
+        raise InputError(f"{run_dir}: no such directory" if not Path(run_dir).exists() else
+                         f"{run_dir} is not a directory (a run directory holds metrics.jsonl)")
     try:
         import report   # matplotlib: only this command draws
         index, steps = report.report_and_steps(Path(run_dir))

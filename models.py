@@ -77,6 +77,8 @@ def _gguf_cache(gguf: Path, cache_dir: str, with_model: bool = True) -> Path:
     if not (out / "tokenizer.json").exists():
         _save_into(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True), out, "tokenizer.json")
     if with_model and not (out / "model.safetensors").exists():
+        print(f"spade-mini: converting {gguf.name} to fp32 safetensors in {out}, once (the first load only; "
+              "32 s on 2 cores without native bf16)", file=sys.stderr, flush=True)
         # note: dequantized on purpose (asked for, so transformers does not warn that it falls back to it)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True,
                                                      quantization_config=GgufConfig(dequantize=True))

@@ -291,6 +291,13 @@ def table(rows: list[list], header: list[str]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def config_rows(cfg: dict, records: list[dict], knobs: list[str]) -> list[list]:
+    """The config table's rows; `steps` is what was asked for, so the steps that ran (logged) follow it."""
+    ran = sum(1 for r in records if r["step"] >= 0)
+    return [row for k in knobs if k in cfg
+            for row in ([["steps asked", cfg[k]], ["steps ran", ran]] if k == "steps" else [[k, cfg[k]]])]
+
+
 def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[Figured], left_out: list[str]) -> str:
     cfg = header.get("config", {})
     knobs = ["model", "preset", "steps", "seed", "designer_reward", "no_designer_training", "no_memory",
@@ -298,7 +305,7 @@ def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[F
     parts = [f"<h1>spade-mini run {esc(run_dir.resolve().name)}</h1>",
              '<p><a href="envs.html">environments of every step</a> &middot; '
              '<a href="designs.html">every designer attempt, with its verdict</a></p>',
-             table([[k, cfg[k]] for k in knobs if k in cfg], ["config", "value"])]
+             table(config_rows(cfg, records, knobs), ["config", "value"])]
     if not records:
         parts.append('<p class="note"><b>This run has no completed steps yet</b> (metrics.jsonl holds no step '
                      "record). Rerun the report after the first step finishes.</p>")

@@ -270,6 +270,13 @@ class Run:
 
     def log_metrics(self, record: dict) -> None:
         append_jsonl(self.metrics, record)
+        if type(record.get("step")) is int and record["step"] >= 0 and self.config.exists():
+            self.record_steps_ran(record["step"] + 1)
+
+    def record_steps_ran(self, steps_ran: int) -> None:
+        """config.json's steps_ran: the steps logged so far (its `steps` is what was asked for)."""
+        saved = json.loads(self.config.read_text())
+        write_atomic(self.config, json.dumps({**saved, "steps_ran": steps_ran}, indent=2) + "\n")
 
     def log_sample(self, record: dict) -> None:
         append_jsonl(self.samples, record)
@@ -306,6 +313,7 @@ def resumed_config(cfg, keep_steps: bool = False):
     run = existing_run(cfg.resume, "--resume")
     try:
         saved = json.loads(run.config.read_text())
+        saved.pop("steps_ran", None)   # a record of the run, not a setting
         steps = saved["steps"] if keep_steps else cfg.steps
         return type(cfg)(**{**saved, "steps": steps, "resume": str(run.root), "out": str(run.root)})
     except (ValueError, TypeError, KeyError) as err:   # corrupt JSON, or a config of another version
@@ -372,7 +380,7 @@ def open_run(cfg):
         check_new_out(str(run.root))
         run.root.mkdir(parents=True, exist_ok=True)
         cfg, start = dataclasses.replace(cfg, out=str(run.root)), 0
-    write_atomic(run.config, json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    write_atomic(run.config, json.dumps({**dataclasses.asdict(cfg), "steps_ran": start}, indent=2) + "\n")
     return cfg, run, start
 
 

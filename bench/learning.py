@@ -343,6 +343,7 @@ def main() -> None:
         unseen = specs(unseen_files, args.episodes, args.seed, "heldout-unseen", cfg.agent_prompt, cfg.agent_reply_prefix)
         assert not {s.seed for s in seen + unseen} & training_seeds(cfg), "a held-out seed was played in training"
         played = evaluate_arms(cfg, run_dir, seen, unseen, args)
+        keep_distinct_programs(run_dir)   # 60 copies of two programs otherwise
     rng = np.random.default_rng(args.seed)
     result = {"steps": cfg.steps, "wall_s": round(time.time() - t_start, 1), "train_s": round(t_train, 1),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -363,6 +364,37 @@ def main() -> None:
         print(f"{s}: base {result[s]['base']['mean_return']:.3f} -> trained {result[s]['trained']['mean_return']:.3f}, "
               f"diff {result[s]['diff']:+.3f} CI95 {result[s]['diff_ci95']}")
     print(f"wall_s: {result['wall_s']}")
+
+
+def keep_distinct_programs(run_dir: Path) -> list[Path]:
+    """The run's envs/step_*/ hold a copy of each environment's program per step (with regen_interval 1 and a
+    fixed pool: 30 copies of the same two files) and a .json of its scores, which samples.jsonl's "env" records
+    also hold. Kept: one copy per distinct program, as envs/<name>.py, and a README in envs/ saying at which steps
+    each was played and how the per-step folders are regenerated. -> the kept programs."""
+    folders = sorted((run_dir / "envs").glob("step_*"))
+    first: dict[str, tuple[str, list[int]]] = {}   # program text -> (kept name, steps)
+    for folder in folders:
+        step = int(folder.name.split("_")[1])
+        for program in sorted(folder.glob("env_*.py")):
+            text = program.read_text()
+            name = program.stem.split("_", 3)[3]   # env_<step>_<slot>_<name>
+            taken = {kept for kept, _ in first.values()}
+            kept = first.get(text, (name if name not in taken else f"{name}_{len(taken)}", []))
+            first[text] = (kept[0], kept[1] + [step])
+    for text, (name, _) in first.items():
+        (run_dir / "envs" / f"{name}.py").write_text(text)
+    for folder in folders:
+        shutil.rmtree(folder)
+    lines = ["# The environments of this run, one copy per distinct program", "",
+             "The training loop writes each environment's program and scores into `envs/step_NNNNN/` at every "
+             "step; most of those files repeat the same programs, so one copy of each distinct program is kept "
+             'here, and each step\'s scores are the `"kind": "env"` records of `../samples.jsonl`. To regenerate '
+             "the per-step folders, run `python bench/learning.py` and skip its last reduction step "
+             "(`keep_distinct_programs`), or run `spade-mini train --env-pool` on these programs.", "",
+             "| program | played at steps |", "|---|---|"]
+    lines += [f"| `{name}.py` | {', '.join(map(str, steps))} |" for name, steps in first.values()]
+    (run_dir / "envs" / "README.md").write_text("\n".join(lines) + "\n")
+    return [run_dir / "envs" / f"{name}.py" for name, _ in first.values()]
 
 
 if __name__ == "__main__":

@@ -211,7 +211,7 @@ def test_ctrl_c_during_train_names_the_real_run_directory(tmp_path, monkeypatch,
                                                                    active_skills=lambda cfg, step: []))
     monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None))
     assert cli.main(["train", "--model", "tiny-random"]) == 130
-    err = capsys.readouterr().err.strip()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
     run_dir = err.rsplit("--resume ", 1)[-1]
     assert err.startswith("spade-mini: interrupted; continue with --resume runs/")
     assert (tmp_path / run_dir / "config.json").exists()
@@ -474,3 +474,88 @@ def test_a_run_without_hinted_plays_logs_no_hinted_return_and_no_regret(tmp_path
     (step,) = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "step" in r]
     assert step["agent/return_nohint"] is not None
     assert step["agent/return_hint"] is None and step["env/regret"] is None
+
+
+# -----------------------------------------------------------------------------------------------------------
+# the first hour of a new user: what train says first, progress, resume, score/report/validate inputs
+
+def fake_train(monkeypatch, body):
+    """train.train replaced by `body` (the model is never loaded)."""
+    monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=body, active_skills=lambda cfg, step: []))
+    monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
+                                                                     close_distributed=lambda: None))
+
+
+def test_ctrl_c_after_a_progress_bar_left_the_line_open_starts_its_own_line(tmp_path, monkeypatch, capsys):
+    def interrupted_mid_bar(cfg):
+        runs.open_run(cfg)
+        print("step 1/2:  40%|####      | play, 1,234 tokens sampled", end="", file=sys.stderr)
+        raise KeyboardInterrupt
+    fake_train(monkeypatch, interrupted_mid_bar)
+    assert cli.main(["train", "--model", "tiny-random", "--out", str(tmp_path / "run")]) == 130
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("spade-mini: interrupted; continue with --resume") for line in lines), lines
+
+
+def test_train_says_the_machine_and_the_demos_time_on_it_before_loading(tmp_path, monkeypatch, capsys):
+    fake_train(monkeypatch, lambda cfg: None)
+    monkeypatch.setattr(cli, "machine", lambda: (4, False))
+    assert cli.main(["train", "--model", "tiny-random", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    # 4 cores without native bf16: half the 2-core measurement without it
+    assert "machine: 4 CPU cores, no native bf16; the demo" in out
+    assert f"about {cli.DEMO_SECONDS[False] / 2 / 60:.1f} min" in out
+
+
+def test_the_machine_reads_native_bf16_from_the_cpu_flags():
+    cores, bf16 = cli.machine()
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    assert cores >= 1 and bf16 == bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def test_resuming_a_run_stopped_before_its_first_checkpoint_says_it_starts_over(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({**runs.dataclasses.asdict(runs.Config()), "model": "tiny-random",
+                                                 "out": str(out), "steps": 2, "steps_ran": 0}))
+    fake_train(monkeypatch, lambda cfg: None)
+    assert cli.main(["train", "--resume", str(out)]) == 0
+    out = capsys.readouterr().out
+    assert "has no checkpoint yet" in out and "starts over at step 0" in out
+
+
+def test_a_long_wait_shows_progress_every_few_seconds(capsys):
+    import time
+    with cli.waiting("loading", every=0.05):
+        time.sleep(0.3)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "spade-mini: loading ..." and len(err) >= 3 and err[-1].endswith(" s")
+
+
+@pytest.mark.parametrize("content", ['{"a": 1}', "[1, 2]", '{"steps": 3, "model": "x"}'])
+def test_score_of_a_file_that_is_not_a_window_says_so_and_points_at_the_format(content, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    assert cli.main(["score", str(path)]) == 2
+    line = one_error_line(capsys)
+    assert "not a window of outcomes" in line and "docs/score.md" in line and str(path) in line
+
+
+def test_report_of_a_missing_directory_says_it_is_missing(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path / "nosuch")]) == 2
+    assert one_error_line(capsys).endswith("nosuch: no such directory")
+
+
+def test_validate_json_says_not_run_for_checks_never_reached_and_names_the_file(tmp_path, capsys):
+    env = tmp_path / "broken.py"
+    env.write_text("class BrokenEnv:\n    def reset(self:\n")
+    assert cli.main(["validate", "--json", str(env)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    verdict = json.loads(out[-1])
+    assert verdict["checks"]["compiles"] is False and verdict["checks"]["size"] is True
+    assert verdict["checks"]["reset"] == "not run" and verdict["checks"]["fair_game"] == "not run"
+    assert str(env) in verdict["detail"] and "<env>" not in verdict["detail"] and str(env) in out[0]
+
+
+def test_dot_venv_is_ignored_by_git():
+    assert ".venv/" in (ROOT / ".gitignore").read_text().split()

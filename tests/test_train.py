@@ -104,7 +104,7 @@ def test_train_two_steps_writes_a_run_directory_whose_metrics_match_its_samples(
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "2", "--out", str(out)]) == 0
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["model"] == "tiny-random" and cfg["steps"] == 2
+    assert cfg["model"] == "tiny-random" and cfg["steps"] == 2 and cfg["steps_ran"] == 2
     metrics = records(out)
     assert "config" in metrics[0]
     steps = [r for r in metrics if "step" in r]
