@@ -469,3 +469,10 @@ def test_read_jsonl_skips_a_bad_middle_line_with_a_warning(tmp_path, capsys):
 
 def test_read_jsonl_missing_file_is_empty(tmp_path):
     assert runs.read_jsonl(tmp_path / "nope.jsonl") == []
+
+
+def test_memory_block_asks_for_a_different_game_not_a_variant(tmp_path):
+    """The memory's positives ask for a *different* game (as the official prompt does), not a
+    harder variant of one, which the copy check would then reject as near-copy."""
+    block = envs._memory_block([record("e1", win_rate=0.5)], None)
+    assert "Write a different game" in block and "harder or different variant" not in block
