@@ -218,18 +218,26 @@ def test_a_later_designer_prompt_carries_positives_from_memory(designed_run):
     assert any("Past environments of this skill" in t and "env_00000_0" in t for t in later)
 
 
+def updates_by_step(run: Path, designer) -> dict:
+    """step -> the samples its update call got. A step whose groups all tie has no samples and calls no update,
+    so the calls are matched to the steps that logged samples, in order."""
+    trained = [r["step"] for r in steps(run) if r["loss/samples_agent"] + r["loss/samples_designer"] > 0]
+    assert len(trained) == len(designer.updates)
+    return dict(zip(trained, designer.updates))
+
+
 def test_designer_samples_train_only_at_window_ends(designed_run):
     run, designer = designed_run
     assert [r["loss/samples_designer"] > 0 for r in steps(run)] == [False, True, False, True]
-    roles = [{s.role for s in samples} for samples in designer.updates]
-    assert ["designer" in r for r in roles] == [False, True, False, True]
+    by_step = updates_by_step(run, designer)
+    assert [any(s.role == "designer" for s in by_step.get(k, [])) for k in range(4)] == [False, True, False, True]
 
 
 def test_designer_samples_carry_the_log_probs_they_were_sampled_with(designed_run):
     """Sampled at the window's first step, trained at its last: the sample holds the sampling policy's log-probs
     of its program's tokens (the update's TIS denominator), 0 on the prompt."""
-    _, designer = designed_run
-    samples = [s for s in designer.updates[1] if s.role == "designer"]
+    run, designer = designed_run
+    samples = [s for s in updates_by_step(run, designer)[1] if s.role == "designer"]
     assert samples
     for sample in samples:
         assert len(sample.sampling_logprobs) == len(sample.token_ids)
@@ -240,18 +248,18 @@ def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advanta
     run, designer = designed_run
     windows = [r for r in lines(run / "samples.jsonl") if r["kind"] == "window"]
     assert [w["step"] for w in windows] == [1, 3] and all(w["designed"] for w in windows)
-    compared = 0
-    for w, update_index in zip(windows, (1, 3)):
+    compared, by_step = 0, updates_by_step(run, designer)
+    for w in windows:
         (tmp_path / "window.json").write_text(json.dumps(w["input"]))
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             assert cli.main(["score", str(tmp_path / "window.json")]) == 0
         assert json.loads(buf.getvalue().strip().splitlines()[-1]) == w["output"]
         scored = [e["designer_advantage"] for e in w["output"]["envs"] if e["designer_advantage"] != 0]
-        trained = [s.advantage for s in designer.updates[update_index] if s.role == "designer"]
+        trained = [s.advantage for s in by_step[w["step"]] if s.role == "designer"]
         assert trained == scored and trained
         # the agent samples of the window's last step carry score's agent advantages (step k = 1)
-        agent = sorted(s.advantage for s in designer.updates[update_index] if s.role == "agent")
+        agent = sorted(s.advantage for s in by_step[w["step"]] if s.role == "agent")
         logged = sorted(a for e in w["output"]["envs"] for a in e["agent_advantages"][1] if a != 0)
         assert agent == pytest.approx(logged)
         compared += len(agent)
@@ -259,8 +267,8 @@ def test_the_logged_window_scores_equal_spade_mini_score_and_the_updates_advanta
 
 
 def test_designer_samples_have_a_nonzero_lora_gradient(designed_run):
-    _, designer = designed_run
-    samples = [s for s in designer.updates[1] if s.role == "designer"]
+    run, designer = designed_run
+    samples = [s for s in updates_by_step(run, designer)[1] if s.role == "designer"]
     model, _, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
                                 gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
     model.zero_grad()
