@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import inspect
 import json
 import os
@@ -422,7 +423,6 @@ ENV_MODULES = ("math", "random", "re", "string", "itertools", "collections", "fu
 def _bundled_docs(min_words: int) -> list[str]:
     """The language reference's topics, then the documentation of ENV_MODULES: each public function or class
     (signature and docstring), consecutive ones of a module joined until a page has min_words words."""
-    import importlib
     from pydoc_data.topics import topics
     docs = [topics[k] for k in sorted(topics)]
     for module in map(importlib.import_module, ENV_MODULES):
