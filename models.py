@@ -77,8 +77,9 @@ def _gguf_cache(gguf: Path, cache_dir: str, with_model: bool = True) -> Path:
     if not (out / "tokenizer.json").exists():
         _save_into(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True), out, "tokenizer.json")
     if with_model and not (out / "model.safetensors").exists():
-        print(f"spade-mini: converting {gguf.name} to fp32 safetensors in {out}, once (the first load only; "
-              "32 s on 2 cores without native bf16)", file=sys.stderr, flush=True)
+        if is_main():
+            print(f"spade-mini: converting {gguf.name} to fp32 safetensors in {out}, once (the first load only; "
+                  "SmolLM2-135M: 32 s on 2 cores without native bf16)", file=sys.stderr, flush=True)
         # note: dequantized on purpose (asked for, so transformers does not warn that it falls back to it)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True,
                                                      quantization_config=GgufConfig(dequantize=True))
@@ -225,8 +226,7 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
             path = Path(cache_dir).expanduser() / Path(runs.CODERS[name].gguf).stem
             if not (path / "model.safetensors").exists():
                 gguf = _assembled_coder(name, cache_dir)
-                coder_progress(name, f"sha256 matches; converting it to fp32 safetensors in {path}, once "
-                                     f"({runs.CODERS[name].fp32_gb} GB)")
+                coder_progress(name, f"sha256 matches ({runs.CODERS[name].fp32_gb} GB of fp32 weights follow)")
                 path = _gguf_cache(gguf, cache_dir)
         elif name.endswith(".gguf"):
             path = _gguf_cache(path.resolve(), cache_dir)

