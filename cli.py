@@ -145,12 +145,13 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--tool-rounds must be >= 0 (got {cfg.tool_rounds})")
     if cfg.agent_reply_prefix and (cfg.setting != "games" or cfg.thinking):
         raise InputError("--agent-reply-prefix is for the games setting without --thinking")
-    if cfg.generate_bf16 and cfg.static_cache:
+    if cfg.generate_bf16 == "on" and cfg.static_cache:
         raise InputError("--generate-bf16 is for the CPU's growing cache, not --static-cache (CUDA)")
     if cfg.quantize not in ("auto", "none", "nf4"):
         raise InputError("--quantize must be auto, none or nf4")
-    if cfg.train_bf16 not in ("auto", "on", "off"):
-        raise InputError("--train-bf16 must be auto, on or off")
+    for name in ("train_bf16", "generate_bf16"):
+        if getattr(cfg, name) not in ("auto", "on", "off"):
+            raise InputError(f"--{name.replace('_', '-')} must be auto, on or off")
     for name in ("temperature", "lr", "call_timeout", "dist_timeout"):
         if not getattr(cfg, name) > 0:
             raise InputError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")

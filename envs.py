@@ -450,8 +450,8 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
     Order: size/encoding (read, never run) -> compiles -> *Env class -> instantiates (its own defaults, then
     max_turns capped) -> reset(a) -> 3 probe steps (types, reward range; not all may win) -> reset(b)
     and its probes -> the reset(a)+probes episode replayed in the same instance (state kept across resets) and
-    in a fresh process (clock, id(), global random) -> solution() played after reset(a) in the fresh process, its
-    actions replayed in the first, every observation and reward compared (hidden state no probe shows) -> it
+    in a fresh process (clock, id(), an unseeded generator; the sandbox seeds the module-level random at each
+    reset) -> solution() played after reset(a) in the fresh process, its actions replayed in the first, every observation and reward compared (hidden state no probe shows) -> it
     must win at a and at b -> the fair-game guard (games only). a and b are drawn from `seed` (validation_seeds).
     tool_use: the probes are one schema-valid call of every tool, then one answer (_tool_trace).
     """
@@ -494,7 +494,7 @@ def _same_episodes(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], tra
 def _solution_checks(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], turns: int, setting: str,
                      checks: dict) -> list | None:
     """solution()'s episode at seed a in the fresh process, its actions replayed in the first one: every observation
-    and reward must agree (hidden state that no probe shows, e.g. a secret from the global random module); then
+    and reward must agree (hidden state that no probe shows, e.g. a secret from an unseeded generator); then
     it must win at a and at b (`unsolvable`). Returns its actions at a (None: nothing to replay, skipped)."""
     a, b = seeds
     actions, played, won = _play_solution(fresh_env, a, turns, setting)

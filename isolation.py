@@ -968,6 +968,7 @@ def _child_load(code: str, kwargs: dict, max_turns_cap):
         return _child_fail("no_env_class", "no top-level class whose name ends in 'Env'"), None
     module = type(sys)("env_module")
     sys.modules["env_module"] = module   # dataclasses, enum and pickle look a class's module up here
+    __import__("random").seed(0)         # the module-level random: the same in every process (see _child_call)
     for name, (mod, attr) in _child_prelude(module_code).items():
         value, failure = _child_run(__import__, (mod,), "init_error")
         if failure:
@@ -999,10 +1000,14 @@ def _child_load(code: str, kwargs: dict, max_turns_cap):
 
 
 def _child_call(env, method: str, args: list, max_bytes: int) -> dict:
-    """env.method(*args) as a reply holding a copy of the result made of plain JSON types. Two names that are no
-    Python identifier are the tool-use setting's operations: ':tools' reads env.tools, ':tool' runs a tool call."""
+    """env.method(*args) as a reply holding a copy of the result made of plain JSON types (reset(seed) first
+    seeds the module-level random from the seed). Two names that are no Python identifier are the tool-use setting's operations: ':tools' reads env.tools, ':tool' runs a tool call."""
     if method.startswith("_"):
         return _child_fail("error", f"AttributeError: private method {method!r}")
+    if method == "reset" and args and type(args[0]) is int:
+        # a program that draws from random.randint (not its own random.Random(seed)) still repeats by seed: the
+        # module-level generator restarts from reset's seed, as Gymnasium's reset(seed=) seeds np_random
+        __import__("random").seed(args[0])
     ops = {":tools": lambda: env.tools, ":tool": lambda: _child_tool(env, *args)}
     value, failure = _child_run(ops.get(method) or (lambda: getattr(env, method)(*args)), (), "error")
     if failure:

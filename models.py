@@ -679,20 +679,21 @@ class GrowingCache(DynamicCache):
 
 
 @contextlib.contextmanager
-def lora_merged(model):
+def lora_merged(model, dtype=torch.float32):
     """Generate from W + s * B @ A in one matmul per layer instead of W, A and B in three (+ a scale and an add):
     the LoRA weights folded into a copy of each base weight for the call, the adapter switched off, the original
     weights put back after (untouched, so nothing drifts). Only for unquantized fp32 weights: a 4-bit base cannot
-    take the sum without a lossy requantization, and bf16 rounds it. The same function with fewer kernel calls:
-    log-probs within 1e-4 of the unmerged model (tests/test_engine.py).
+    take the sum without a lossy requantization. The same function with fewer kernel calls: log-probs within
+    1e-4 of the unmerged model (tests/test_engine.py). dtype: of the copies (bf16_weights asks for bf16: the
+    sum rounded once, and no fp32 copy made on the way).
 
-    subtle: the merged copies cost as much memory as the weights they replace (0.5 GB for SmolLM2-135M, 16 GB
-    for a 4B model in fp32), so they are made only when they fit in half the memory free now."""
+    subtle: the merged copies cost as much memory as the weights they replace in their dtype (0.5 GB for
+    SmolLM2-135M, 16 GB for a 4B model in fp32), so they are made only when they fit in half the memory free now."""
     layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
     mergeable = all(hasattr(m, "get_delta_weight") and isinstance(m.get_base_layer(), torch.nn.Linear)
                     and m.get_base_layer().weight.dtype == torch.float32 and not getattr(m, "merged", False)
                     for m in layers)   # subtle: disable_adapter switches every adapter off, merged or not
-    copy_bytes = sum(m.get_base_layer().weight.numel() * 4 for m in layers)
+    copy_bytes = sum(m.get_base_layer().weight.numel() * dtype.itemsize for m in layers)
     if not layers or not mergeable or not hasattr(model, "disable_adapter") or copy_bytes > _free_memory_bytes() / 2:
         yield
         return
@@ -703,7 +704,7 @@ def lora_merged(model):
                 base = m.get_base_layer()
                 delta = sum(m.get_delta_weight(name) for name in m.active_adapters if name in m.lora_A)
                 saved.append((base, base.weight))
-                base.weight = torch.nn.Parameter(base.weight + delta, requires_grad=False)
+                base.weight = torch.nn.Parameter((base.weight + delta).to(dtype), requires_grad=False)
         with model.disable_adapter():
             yield
     finally:
@@ -713,17 +714,25 @@ def lora_merged(model):
 
 @contextlib.contextmanager
 def bf16_weights(model):
-    """--generate-bf16: generate from bf16 copies of the model's fp32 parameters (inside lora_merged, the LoRA
-    already folded in), the originals put back untouched after; the KV cache is then bf16 too. CPU only, and only
-    when the copies fit in half the memory free now. On an AMX CPU play ran 1.9x faster (bench/play_bench.py:
-    46.2 -> 24.3 s); the sampler then draws from bf16 logits, so its log-probs differ from the trainer's fp32 ones
+    """--generate-bf16: generate from bf16 copies of the model's fp32 parameters, the LoRA folded into its layers'
+    copies (lora_merged in bf16), the originals put back untouched after; the KV cache is then bf16 too. CPU only,
+    and only when the copies fit in half the memory free now (else fp32, merged). On an AMX CPU play ran 1.9x
+    faster (bench/play_bench.py: 46.2 -> 24.3 s); the sampler then draws from bf16 logits, so its log-probs differ from the trainer's fp32 ones
     by what loss/mismatch_* logs, and the TIS weight corrects the agent's samples for it."""
+    fp32 = {id(p): p for p in model.parameters() if p.dtype == torch.float32}
+    if model.device.type != "cpu" or sum(p.numel() * 2 for p in fp32.values()) > _free_memory_bytes() / 2:
+        with lora_merged(model):
+            yield
+        return
+    with lora_merged(model, torch.bfloat16):   # the LoRA layers' base weights: bf16 from here on
+        yield from _bf16_rest(model)
+
+
+def _bf16_rest(model):
+    """bf16_weights' body: bf16 copies of the parameters still fp32, yielded inside, put back after."""
     saved = [(m, name, p) for m in model.modules() for name, p in list(m.named_parameters(recurse=False))
              if p.dtype == torch.float32]
     copies = {id(p): p for _, _, p in saved}   # a tied weight (SmolLM2's embedding and LM head) gets one copy
-    if model.device.type != "cpu" or sum(p.numel() * 2 for p in copies.values()) > _free_memory_bytes() / 2:
-        yield
-        return
     try:
         with torch.no_grad():
             copies = {key: torch.nn.Parameter(p.to(torch.bfloat16), requires_grad=False) for key, p in copies.items()}
@@ -809,8 +818,7 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
     model.eval()
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache), \
-                contextlib.nullcontext() if static_cache else lora_merged(model), \
-                bf16_weights(model) if bf16 and not static_cache else contextlib.nullcontext():
+                contextlib.nullcontext() if static_cache else bf16_weights(model) if bf16 else lora_merged(model):
             torch.manual_seed(seed)  # subtle: the sampler draws from the global RNG; fork_rng keeps the caller's intact
             if cache is None and not static_cache:
                 cache = _prefill_shared(model, ids, mask) if ids.shape[1] > 1 else GrowingCache()

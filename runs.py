@@ -42,7 +42,7 @@ import regret
 @dataclass
 class Config:
     # run
-    preset: str = "tiny"                # tiny | 4b | 8b | 30b-a3b: a set of values (PRESETS); flags override
+    preset: str = "tiny"                # tiny | cpu-1.5b | 4b | 8b | 30b-a3b: a set of values (PRESETS); flags override
     setting: str = "games"              # games (text games, \boxed{} actions) | tool_use (tool environments, BFCL style)
     model: str = "smollm2-135m"         # HF id | local dir | .gguf | smollm2-135m | qwen2.5-coder-0.5b | qwen2.5-coder-1.5b | tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
@@ -79,7 +79,7 @@ class Config:
     hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
     thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
-    generate_bf16: bool = False         # CPU: the agent plays from bf16 copies of the weights (2x on AMX; mismatch: TIS)
+    generate_bf16: str = "off"          # CPU: design, hints and play from bf16 weight copies: auto (native bf16) | on | off
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
@@ -137,6 +137,14 @@ PRESETS = {
                  designer_max_new_tokens=384, hint_max_new_tokens=64, agent_max_new_tokens=96,
                  agent_max_episode_tokens=192, agent_prompt="agent_brief.txt", lr=1e-3, gradient_checkpointing=False,
                  token_budget=2048),
+    # the real loop on a CPU (2 cores, 24 GB): Qwen2.5-Coder-1.5B in both roles, bf16 decode where the CPU has
+    # it natively; 6 slots over 3 skills (2 each: a skill's designer group needs two programs of different regret
+    # to get a gradient), a window of 1 step so that every step trains the designer; checkpointing on (1.5B)
+    "cpu-1.5b": dict(model="qwen2.5-coder-1.5b", doc_words=150, envs_per_step=6, skills_per_step=3, design_attempts=1,
+                     regen_interval=1, steps=4, plays=4, hinted_plays=2, max_turns=3, designer_max_new_tokens=768,
+                     hint_max_new_tokens=64, agent_max_new_tokens=48, agent_max_episode_tokens=144,
+                     agent_prompt="agent_brief.txt", lr=1e-4, lora_r=8, lora_alpha=16, token_budget=2048,
+                     generate_bf16="auto"),
     # one 24 GB GPU (`spade-mini plan --preset 4b` shows each phase's memory): NF4 weights 2.5 GiB; the 32
     # episodes of a window's first step decode in 2 waves of 16; documents cut to 1,500 words (~3k tokens)
     "4b": dict(model="Qwen/Qwen3-4B-Instruct-2507", doc_words=1500, envs_per_step=4, plays=4, hinted_plays=4, max_turns=6,

@@ -155,8 +155,10 @@ def limits_of(cfg: Config) -> Limits:
     return Limits(call_timeout=cfg.call_timeout, memory_mb=cfg.env_memory_mb)
 
 
-def sample_kwargs(cfg: Config) -> dict:
-    return dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, static_cache=cfg.static_cache)
+def sample_kwargs(cfg: Config, model=None) -> dict:
+    """The sampling knobs of every generate; with the model, also whether it decodes from bf16 weight copies."""
+    bf16 = {"bf16": models.bf16_autocast(cfg.generate_bf16, model)} if model is not None else {}
+    return dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, static_cache=cfg.static_cache, **bf16)
 
 
 def env_id(start: int, slot: int, name: str = "") -> str:
@@ -196,7 +198,7 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.designer_max_new_tokens,
                                    seed=envs.derive_seed(cfg.seed, step, "designer-sample",
                                                          attempt * models.world_size() + models.rank()),
-                                   **sample_kwargs(cfg))
+                                   **sample_kwargs(cfg, st.model))
         runs.fault_point("generate", step)
         codes = [envs.extract_code(envs.after_thinking(o.text)) for o in outs]
         # the validation seeds are drawn per program (envs.validation_seeds), so that no program can test for them
@@ -256,7 +258,7 @@ def write_hints(st: State, step: int, played: list[PlayedEnv]) -> None:
         prompts = [models.chat_ids(st.tok, envs.hint_prompt(e.code, setting=cfg.setting), cfg.thinking) for e in mine]
         outs = models.generate(st.model, st.tok, prompts, max_new_tokens=cfg.hint_max_new_tokens,
                                seed=envs.derive_seed(cfg.seed, step, "hint", models.rank()),
-                               **{**sample_kwargs(cfg), "temperature": cfg.hint_temperature})
+                               **{**sample_kwargs(cfg, st.model), "temperature": cfg.hint_temperature})
         runs.fault_point("hint", step)
         return [clean_hint(envs.after_thinking(out.text)) or envs.fallback_hint() for out in outs]
     for e, hint in zip(played, models.shared(hints, played, "the hints")):
@@ -301,7 +303,7 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
                 max_observation_tokens=cfg.agent_max_observation_tokens, limits=limits_of(cfg),
                 seed=envs.derive_seed(cfg.seed, step, "agent", models.rank() * 1000 + k),
                 stats=stats, thinking=cfg.thinking, setting=cfg.setting, tool_rounds=cfg.tool_rounds,
-                bf16=cfg.generate_bf16, **sample_kwargs(cfg))
+                **sample_kwargs(cfg, st.model))
             timing.update({key: timing[key] + value for key, value in stats.items()})
         return out
     episodes = models.shared(play_share, specs, "the plays")

@@ -39,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--doc-words", type=int, default=300, help="words of the grounding document in each prompt")
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (top-p and top-k: Config's)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the documents drawn and of the sampling")
+    ap.add_argument("--generate-bf16", default="auto", choices=("auto", "on", "off"),
+                    help="decode from bf16 weight copies (train's --generate-bf16; auto: where the CPU has native bf16)")
     ap.add_argument("--example", default="", help="a file to show as the in-context example instead of the default")
     ap.add_argument("--json", default="", help="write every program, its verdict and the summary here")
     return ap
@@ -56,7 +58,7 @@ def main() -> None:
         envs.example_program = lambda setting="games": text
     cfg = runs.Config(model=args.model, envs_per_step=args.slots, design_attempts=1, doc_words=args.doc_words,
                       designer_max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                      max_turns=3)
+                      max_turns=3, generate_bf16=args.generate_bf16)
     t0 = time.time()
     model, tok, _ = models.load_model(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                                       quantize="none", gradient_checkpointing=False, cache_dir=cfg.cache_dir,

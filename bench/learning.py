@@ -213,7 +213,8 @@ def play(model, tok, cfg, chosen: list, seed: int) -> list:
     return spade_mini.play(model, tok, chosen, max_turns=cfg.max_turns, max_new_tokens=cfg.agent_max_new_tokens,
                            max_episode_tokens=cfg.agent_max_episode_tokens, temperature=cfg.temperature,
                            top_p=cfg.top_p, top_k=cfg.top_k, seed=seed, limits=train.limits_of(cfg),
-                           max_observation_tokens=cfg.agent_max_observation_tokens, bf16=cfg.generate_bf16)
+                           max_observation_tokens=cfg.agent_max_observation_tokens,
+                           bf16=models.bf16_autocast(cfg.generate_bf16, model))
 
 
 def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> dict:

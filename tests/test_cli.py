@@ -39,7 +39,7 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "file as env pool": ["--env-pool", str(notes)], "unknown preset": ["--preset", "huge"],
              "reply prefix in tool use": ["--setting", "tool_use", "--agent-reply-prefix", "<answer>"],
              "reply prefix when thinking": ["--thinking", "--agent-reply-prefix", "\\boxed{"],
-             "bf16 static cache": ["--generate-bf16", "--static-cache"]}[case]
+             "bf16 static cache": ["--generate-bf16", "on", "--static-cache"]}[case]
     out = tmp_path / "run"
     assert cli.main(["train", *flags, "--out", str(out)]) == 2
     line = one_error_line(capsys)

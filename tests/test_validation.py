@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run as a scr
 import cli  # noqa: E402
 import envs  # noqa: E402
 import regret  # noqa: E402
+import sandbox  # noqa: E402
 from sandbox import Limits  # noqa: E402
 
 LIMITS = Limits(call_timeout=2.0)
@@ -169,7 +170,7 @@ EXPECTED = {"seed_gated": ("unsolvable", "unsolvable"), "trivial_but_42": ("triv
             "described_maze": ("ok", "ok"), "described_steps": ("ok", "ok"),
             "constant_answer": ("fixed_answer", "ok"), "lottery": ("ok", "ok")}
 
-# contract breaks: hidden state from the global random module (no observation shows it), and prints
+# hidden state from the module-level random (no observation shows it; the sandbox seeds it), and prints
 GLOBAL_RANDOM = r'''
 import random, re
 
@@ -271,11 +272,25 @@ def test_the_examples_pass_the_guard_at_many_validation_seeds():
             assert verdict.valid and verdict.checks["fair_game"], (path.name, seed, verdict)
 
 
-def test_hidden_state_from_the_global_random_module_is_nondeterministic():
+def test_hidden_state_from_an_unseeded_generator_is_nondeterministic():
     """The probes see only 'Higher.' in every process; the actions of solution() replayed in another process do not
     match (its secret differs), so comparing every observation and reward of that replay catches it."""
-    verdict = envs.validate(GLOBAL_RANDOM, LIMITS)
+    verdict = envs.validate(GLOBAL_RANDOM.replace("random.randint(", "random.Random().randint("), LIMITS)
     assert verdict.reason == "nondeterministic" and "the actions of solution()" in verdict.detail, verdict
+
+
+def test_the_module_level_random_repeats_by_reset_seed():
+    """random.randint in reset (the slip Qwen2.5-Coder-1.5B made in 2 of 6 programs) draws from the module-level
+    generator, which the sandbox restarts from reset's seed (and from 0 before the module runs): valid, and the
+    same seed gives the same secret in any process."""
+    verdict = envs.validate(GLOBAL_RANDOM, LIMITS)
+    assert verdict.valid and verdict.checks["deterministic"], verdict
+    secrets = []
+    for _ in range(2):
+        with sandbox.EnvProcess(GLOBAL_RANDOM.replace("return \"Guess", "return str(self.secret) + \"Guess"),
+                                limits=LIMITS) as env:
+            secrets.append([env.call("reset", seed)[0].split("Guess")[0] for seed in (7, 8, 7)])
+    assert secrets[0] == secrets[1] and secrets[0][0] == secrets[0][2] != secrets[0][1], secrets
 
 
 def test_a_program_that_prints_is_valid_and_its_verdict_says_the_prints_are_dropped():
