@@ -435,8 +435,18 @@ def _accumulate(model, part: list[Sample], old: list | None, n: int, totals: dic
                 s.rollout_logprobs, device=model.device), mask[i, : len(s.rollout_logprobs)]))
     totals["loss"] += loss.item()
     totals["padded_tokens"] += ids.numel()
+    totals["processed_tokens"] += int(attn.sum())   # every real token the forward and backward went through
     for k in ("clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"):
         totals[k] += stats[k]
+
+
+def _grad_norm(params: list, before: list) -> float:
+    """The L2 norm of what the gradients gained since `before` (a copy of each .grad, None where unset)."""
+    total = 0.0
+    for p, b in zip(params, before):
+        if p.grad is not None:
+            total += float(((p.grad - b) if b is not None else p.grad).float().pow(2).sum())
+    return total ** 0.5
 
 
 def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_low: float = 0.2,
@@ -446,7 +456,9 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     cannot bind). K > 1: the samples are shuffled (by `seed`) into K mini-batches, one step each, against
     log-probs taken once before the first (cleanrl's PPO mini-batches): the ratio moves and the clip binds.
     A sample with sampling_logprobs (sampled by earlier weights) is weighted by TIS, ppo_clip_loss's w.
-    Each step's samples go through token-budget micro-batches, gradients accumulated, then norm-clipped. Under
+    Each step's samples go through token-budget micro-batches (the agent's, then the designer's: grad_norm_<role>
+    is each role's part of the gradient), gradients accumulated, then norm-clipped; tokens_per_s counts every
+    token the forward and backward processed (prompts included, pads not). Under
     torchrun each rank takes its share of every step's samples (the same shuffle on every rank), divides by the
     step's GLOBAL sample count, and the gradients are summed over the ranks before the clip: one process's step."""
     t0 = time.time()
@@ -465,21 +477,26 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     params = [p for p in model.parameters() if p.requires_grad]
     totals = dict.fromkeys(("loss", "clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"), 0.0)
-    totals.update(padded_tokens=0, mismatch_agent=[], mismatch_designer=[])
-    norms = []
+    totals.update(padded_tokens=0, processed_tokens=0, mismatch_agent=[], mismatch_designer=[])
+    norms, role_norms = [], {"agent": [], "designer": []}
     for share, own in zip(shares, mine):
         optimizer.zero_grad(set_to_none=True)
-        for batch in models.micro_batches([len(samples[i].token_ids) for i in own], token_budget):
-            part = [samples[own[j]] for j in batch]
-            _accumulate(model, part, None if old is None else [old[own[j]] for j in batch], len(share), totals,
-                        temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta,
-                        pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)
+        for role, norm_list in role_norms.items():   # one role's micro-batches, then the other's
+            ours = [i for i in own if samples[i].role == role]
+            before = [p.grad.detach().clone() if p.grad is not None else None for p in params]
+            for batch in models.micro_batches([len(samples[i].token_ids) for i in ours], token_budget):
+                part = [samples[ours[j]] for j in batch]
+                _accumulate(model, part, None if old is None else [old[ours[j]] for j in batch], len(share),
+                            totals, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
+                            kl_beta=kl_beta, pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)
+            if ours:   # this role's part of the step's gradient (this rank's, before the clip)
+                norm_list.append(_grad_norm(params, before))
         models.sum_gradients(params)    # torchrun: the gradient of all the step's samples, then clipped
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     seconds = time.time() - t0
-    rate = totals["tokens"] / max(seconds, 1e-9)    # this rank's
+    rate = totals["processed_tokens"] / max(seconds, 1e-9)    # this rank's: prompts included, pads not
     found = {role: models.gather(totals.pop(f"mismatch_{role}"), "the mismatch") for role in ("agent", "designer")}
     models.sum_totals(totals, model.device)         # torchrun: the step's loss and token counts over all ranks
     found = {role: [m for rank in parts for m in rank] for role, parts in found.items()}
@@ -487,6 +504,8 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     is_mean = totals["is_sum"] / n   # the TIS ratio pi_old / pi_sampling over the trained tokens: mean, std
     return {"loss": totals["loss"] / len(shares), "kl": totals["kl_sum"] / n, "clip_frac": totals["clipped_tokens"] / n,
             "grad_norm": sum(norms) / len(norms), "updates": len(shares), "tokens": int(totals["tokens"]),
+            "processed_tokens": int(totals["processed_tokens"]),
+            **{f"grad_norm_{role}": sum(ns) / len(ns) if ns else None for role, ns in role_norms.items()},
             "padded_tokens": totals["padded_tokens"], "samples": len(samples), "seconds": seconds,
             "tokens_per_s": rate, "is_ratio_mean": is_mean, "tis_frac": totals["truncated_tokens"] / n,
             "is_ratio_std": max(totals["is_sq_sum"] / n - is_mean ** 2, 0.0) ** 0.5,

@@ -142,6 +142,25 @@ def test_the_update_reports_the_rollout_trainer_mismatch_per_role(tiny_model):
     assert out["mismatch_k3_designer"] is None and out["mismatch_max_designer"] is None
 
 
+def test_the_update_counts_every_processed_token_and_each_roles_gradient(tiny_model):
+    """tokens_per_s counts the tokens the forward and backward went through (a designer sample's 40-token prompt
+    too, not only its 4 trained tokens; pads not), and grad_norm_<role> is the norm of each role's part: the two
+    parts, taken alone, give the same norms, and with lr 0 the step's clipped norm is the norm of their sum."""
+    model, tok = tiny_model
+    agent = sm.Sample(list(range(10, 22)), [0] * 6 + [1] * 6, 1.0, "agent")
+    designer = sm.Sample(list(range(30, 74)), [0] * 40 + [1] * 4, -0.5, "designer")
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    kw = dict(temperature=1.0, token_budget=4096, max_grad_norm=1e9)
+    both = sm.update(model, opt, [agent, designer], **kw)
+    assert both["processed_tokens"] == 12 + 44 and both["tokens"] == 6 + 4
+    assert both["tokens_per_s"] * both["seconds"] == pytest.approx(56, rel=1e-6)
+    alone = {s.role: sm.update(model, opt, [s], **kw)["grad_norm"] for s in (agent, designer)}
+    # alone, each sample's loss is divided by 1 instead of 2
+    assert both["grad_norm_agent"] == pytest.approx(alone["agent"] / 2, rel=1e-4)
+    assert both["grad_norm_designer"] == pytest.approx(alone["designer"] / 2, rel=1e-4)
+    assert sm.update(model, opt, [agent], **kw)["grad_norm_designer"] is None
+
+
 def test_a_bf16_autocast_update_keeps_the_fp32_gradient_direction(tiny_model):
     """--train-bf16 on: the LoRA gradient of one update is the fp32 one up to bf16 rounding (the LoRA weights and
     their gradients stay fp32); auto picks it only for an fp32 model on a CPU with native bf16."""
