@@ -717,8 +717,8 @@ def bf16_weights(model):
     """--generate-bf16: generate from bf16 copies of the model's fp32 parameters, the LoRA folded into its layers'
     copies (lora_merged in bf16), the originals put back untouched after; the KV cache is then bf16 too. CPU only,
     and only when the copies fit in half the memory free now (else fp32, merged). On an AMX CPU play ran 1.9x
-    faster (bench/play_bench.py: 46.2 -> 24.3 s); the sampler then draws from bf16 logits, so its log-probs differ from the trainer's fp32 ones
-    by what loss/mismatch_* logs, and the TIS weight corrects the agent's samples for it."""
+    faster (bench/play_bench.py: 46.2 -> 24.3 s); the sampler then draws from bf16 logits, so its log-probs
+    differ from the trainer's fp32 ones by what loss/mismatch_* logs, and the TIS weight corrects the agent's samples for it."""
     fp32 = {id(p): p for p in model.parameters() if p.dtype == torch.float32}
     if model.device.type != "cpu" or sum(p.numel() * 2 for p in fp32.values()) > _free_memory_bytes() / 2:
         with lora_merged(model):

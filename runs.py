@@ -138,9 +138,9 @@ PRESETS = {
                  agent_max_episode_tokens=192, agent_prompt="agent_brief.txt", lr=1e-3, gradient_checkpointing=False,
                  token_budget=2048),
     # the real loop on a CPU (2 cores, 24 GB): Qwen2.5-Coder-1.5B in both roles, bf16 decode where the CPU has
-    # it natively; 6 slots over 3 skills (2 each: a skill's designer group needs two programs of different regret
+    # it natively; 8 slots over 4 skills (2 each: a skill's designer group needs two programs of different regret
     # to get a gradient), a window of 1 step so that every step trains the designer; checkpointing on (1.5B)
-    "cpu-1.5b": dict(model="qwen2.5-coder-1.5b", doc_words=150, envs_per_step=6, skills_per_step=3, design_attempts=1,
+    "cpu-1.5b": dict(model="qwen2.5-coder-1.5b", doc_words=150, envs_per_step=8, skills_per_step=4, design_attempts=1,
                      regen_interval=1, steps=4, plays=4, hinted_plays=2, max_turns=3, designer_max_new_tokens=768,
                      hint_max_new_tokens=64, agent_max_new_tokens=48, agent_max_episode_tokens=144,
                      agent_prompt="agent_brief.txt", lr=1e-4, lora_r=8, lora_alpha=16, token_budget=2048,

@@ -108,7 +108,7 @@ def test_version_flag_prints_the_installed_version():
 def test_train_help_shows_each_presets_value():
     out = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", "--help"], capture_output=True,
                          text=True, check=True).stdout
-    assert "tiny: 300; 4b: 1500; 8b, 30b-a3b: 2000" in " ".join(out.split())   # --doc-words
+    assert "tiny: 300; cpu-1.5b: 150; 4b: 1500; 8b, 30b-a3b: 2000" in " ".join(out.split())   # --doc-words
 
 
 def test_play_actions_wraps_bare_actions_shows_observations_and_wins(tmp_path, capsys):

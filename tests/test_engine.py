@@ -265,9 +265,11 @@ def test_bf16_weights_merge_the_lora_straight_into_bf16_copies(tiny_model, monke
         for m in layers:   # a LoRA that is not zero, so the merge shows
             m.lora_B["default"].weight.normal_(0, 0.05)
     before = [(m.get_base_layer(), m.get_base_layer().weight) for m in layers]
-    expected = [(b.weight + m.get_delta_weight("default")).detach().to(torch.bfloat16) for m, (b, _) in zip(layers, before)]
+    expected = [(b.weight + m.get_delta_weight("default")).detach().to(torch.bfloat16)
+                for m, (b, _) in zip(layers, before)]
     merges, real_merge = [], models.lora_merged
-    monkeypatch.setattr(models, "lora_merged", lambda m, dtype=torch.float32: merges.append(dtype) or real_merge(m, dtype))
+    monkeypatch.setattr(models, "lora_merged",
+                        lambda m, dtype=torch.float32: merges.append(dtype) or real_merge(m, dtype))
     try:
         with models.bf16_weights(model):
             assert all(b.weight.dtype == torch.bfloat16 and torch.equal(b.weight, e)

@@ -291,3 +291,21 @@ def test_the_step_line_names_the_rejections_and_a_step_that_trained_nothing(caps
     first, second = capsys.readouterr().out.splitlines()
     assert "valid 0.00 of 4 (3 syntax, 1 no_code) |" in first and "| grad 0.221 |" in first
     assert "valid - of 0 |" in second and "| no update (no samples: returns tied in every group) |" in second
+
+
+def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_windows():
+    """--preset cpu-1.5b: the 1.5B coder in both roles, checkpointing on, bf16 decode where native; each window
+    asks 4 skills, 2 slots each (a skill's designer group needs two programs of different regret to get a
+    gradient: regret.designer_advantages centres per skill), and two windows cover all six skills."""
+    import train
+    cfg = cli.config_from_args({"preset": "cpu-1.5b"})
+    assert cfg.model == "qwen2.5-coder-1.5b" and cfg.gradient_checkpointing and cfg.generate_bf16 == "auto"
+    assert cfg.regen_interval == 1 and cfg.design_attempts == 1 and cfg.quantize == "auto"
+    seen = []
+    for window in range(2):
+        skills = train.active_skills(cfg, window)
+        slots = [skills[g % len(skills)] for g in range(cfg.envs_per_step)]   # train.design's slot -> skill
+        assert sorted(slots.count(s) for s in set(slots)) == [2, 2, 2, 2], slots
+        seen += skills
+    assert set(seen) == set(envs.skills_of("games"))
+    assert cli.config_from_args({"preset": "cpu-1.5b", "envs_per_step": 2}).envs_per_step == 2   # flags override

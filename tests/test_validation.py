@@ -382,3 +382,14 @@ def test_new_games_on_the_contracts_skeleton_are_not_copies():
     for name, code in codes.items():
         others = [other for key, other in codes.items() if key != name]
         assert evaluate.copy_similarity(code, others) < evaluate.COPY_SIMILARITY, name
+
+
+def test_an_attribute_named_like_a_method_does_not_hide_the_method():
+    """`self.solution = [...]` in reset beside `def solution(self)`, and a `self.step` counter beside
+    `def step(self, action)`: the sandbox calls the class's methods, so the program is what it means to be."""
+    code = (EXAMPLES / "guess.py").read_text()
+    shadowed = code.replace("    def reset(self, seed=None):\n",
+                            "    def reset(self, seed=None):\n        self.solution, self.step = None, 0\n", 1)
+    assert shadowed != code
+    verdict = envs.validate(shadowed, LIMITS)
+    assert verdict.valid and verdict.checks["solvable"], verdict

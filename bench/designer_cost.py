@@ -1,0 +1,151 @@
+"""The designer window's two costly parts against the CPU's own limits, measured in one process.
+
+* the machine: a 2048 x 1536 x 8960 matmul (Qwen2.5-1.5B's MLP shape) in fp32 and bf16, and a 1 GiB tensor copy
+  (the memory bandwidth);
+* the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the
+  weights, the LoRA merged in) on ROWS designer-sized prompts, timed twice (1 new token, then 1 + STEPS) so
+  that the difference is decode alone; its bound is the bytes a decode step must read (the weights in the dtype
+  they decode in, plus the rows' KV cache) over the copy bandwidth, and the ratio is bound / measured;
+* the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
+  --train-bf16 auto) with gradient checkpointing on and off; useful FLOPs are the forward and the backward
+  to the activations (4 x non-embedding parameters x tokens, plus attention 8 x layers x width x position),
+  not the checkpoint's recompute; the ratio is useful FLOP/s over the matmul peak of the dtype it computes in.
+
+    python bench/designer_cost.py                          # Qwen2.5-Coder-1.5B, ~5 min idle on 2 cores
+    python bench/designer_cost.py --model tiny-random --prompt-tokens 64 --steps 4   # the path, in seconds
+
+Prints `name: value` lines (and --json FILE). Run it on an idle machine: the ratios are only as good as the load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def report(out: dict, name: str, value) -> None:
+    out[name] = value
+    print(f"{name}: {value}", flush=True)
+
+
+def matmul_gflops(torch, dtype, m=2048, k=1536, n=8960, reps=4) -> float:
+    a, b = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
+    torch.nn.functional.linear(a, b)
+    t = time.perf_counter()
+    for _ in range(reps):
+        torch.nn.functional.linear(a, b)
+    return 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9
+
+
+def copy_gbps(torch, gib: float = 1.0, reps: int = 5) -> float:
+    """Read + write bytes per second of a large tensor copy."""
+    src = torch.ones(int(gib * 2**30) // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    return 2 * src.numel() * 4 * reps / (time.perf_counter() - t) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--rows", type=int, default=6, help="designer prompts decoded together (the preset's slots)")
+    ap.add_argument("--prompt-tokens", type=int, default=1280, help="tokens of each prompt (the preset's ~1,250)")
+    ap.add_argument("--steps", type=int, default=32, help="decode steps timed")
+    ap.add_argument("--program-tokens", type=int, default=520, help="tokens of each program in the update")
+    ap.add_argument("--samples", type=int, default=2, help="designer samples in the update")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    import torch
+    import models
+    import runs
+    import spade_mini
+    out: dict = {}
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    report(out, "cpu", names[0] if names else os.uname().machine)
+    report(out, "native_bf16", models.native_bf16_cpu())
+    report(out, "threads", torch.get_num_threads())
+    report(out, "load_average_at_start", round(os.getloadavg()[0], 2))
+    peaks = {"fp32": matmul_gflops(torch, torch.float32), "bf16": matmul_gflops(torch, torch.bfloat16)}
+    report(out, "matmul_fp32_gflops", round(peaks["fp32"], 1))
+    report(out, "matmul_bf16_gflops", round(peaks["bf16"], 1))
+    bandwidth = copy_gbps(torch)
+    report(out, "copy_gbps", round(bandwidth, 1))
+    cfg = runs.Config(**{**runs.PRESETS["cpu-1.5b"], "model": args.model})
+    model, tok, _ = models.load_model(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                      quantize="none", gradient_checkpointing=True, cache_dir=cfg.cache_dir, seed=0)
+    shape = model.config
+    layers, width = shape.num_hidden_layers, shape.hidden_size
+    kv_width = shape.num_key_value_heads * (width // shape.num_attention_heads)
+    params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+    embed = model.get_input_embeddings().weight.numel()
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    body = params - embed * (1 if tied else 2)   # the matmul weights of the layers (LM head apart)
+
+    # decode: the loop's generate, 1 token and then 1 + steps, the difference is decode alone
+    bf16 = models.bf16_autocast(cfg.generate_bf16, model)
+    report(out, "decode_dtype", "bf16" if bf16 else "fp32")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(200, 20000, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.rows)]
+    kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=0, bf16=bf16)
+    t = time.perf_counter()
+    models.generate(model, tok, prompts, max_new_tokens=1, **kw)
+    prefill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    outs = models.generate(model, tok, prompts, max_new_tokens=1 + args.steps, **kw)
+    decode_s = (time.perf_counter() - t - prefill_s) / args.steps
+    if min(len(o.completion_ids) for o in outs) < 1 + args.steps:
+        print("note: a row stopped early; the decode step is timed on the rows still running", flush=True)
+    dtype_bytes = 2 if bf16 else 4
+    head_bytes = embed * dtype_bytes   # the LM head reads its whole weight every step
+    kv_bytes = args.rows * layers * 2 * kv_width * (args.prompt_tokens + args.steps / 2) * dtype_bytes
+    step_bytes = body * dtype_bytes + head_bytes + kv_bytes
+    bound_s = step_bytes / (bandwidth * 1e9)
+    prefill_flops = args.rows * args.prompt_tokens * 2 * (body + embed / args.prompt_tokens)
+    report(out, "prefill_s", round(prefill_s, 1))
+    report(out, "prefill_gflops", round(prefill_flops / prefill_s / 1e9, 1))
+    report(out, "decode_s_per_step", round(decode_s, 3))
+    report(out, "decode_bytes_per_step_gb", round(step_bytes / 1e9, 2))
+    report(out, "decode_bound_s_per_step", round(bound_s, 3))
+    report(out, "decode_over_bandwidth_bound", round(bound_s / decode_s, 3))
+
+    # the update: designer-sized samples, checkpointing on and off
+    samples = [spade_mini.Sample(p + torch.randint(200, 20000, (args.program_tokens,), generator=g).tolist(),
+                                 [0] * len(p) + [1] * args.program_tokens, (-1) ** i * 0.5, "designer")
+               for i, p in enumerate(prompts[:args.samples])]
+    train_bf16 = models.bf16_autocast(cfg.train_bf16, model)
+    report(out, "update_dtype", "bf16" if train_bf16 else "fp32")
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    tokens = sum(len(s.token_ids) for s in samples)
+    positions = sum(n * (n + 1) / 2 for n in (len(s.token_ids) for s in samples))
+    useful = 4 * body * tokens + 8 * layers * width * positions + 4 * embed * args.program_tokens * args.samples
+    for checkpointing in (True, False):
+        for layer in models._checkpointed_layers(model) if not checkpointing else []:
+            layer.gradient_checkpointing = False
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        result = spade_mini.update(model, optimizer, samples, temperature=cfg.temperature,
+                                   token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
+        name = "update_ckpt_" + ("on" if checkpointing else "off")
+        report(out, f"{name}_s", round(result["seconds"], 1))
+        report(out, f"{name}_tok_per_s", round(result["tokens_per_s"], 1))
+        report(out, f"{name}_useful_over_peak", round(useful / result["seconds"] / 1e9 /
+                                                      peaks["bf16" if train_bf16 else "fp32"], 3))
+        report(out, f"{name}_peak_rss_gb_so_far", round(max(rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+                                                        / 2**20, 2))
+    report(out, "load_average_at_end", round(os.getloadavg()[0], 2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
