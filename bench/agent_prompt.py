@@ -32,7 +32,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--plays", type=int, default=8)
-    ap.add_argument("--games", default=GAMES)
+    ap.add_argument("--games", default=GAMES, help="comma-separated environment files")
+    ap.add_argument("--generate-bf16", default="off", choices=("auto", "on", "off"),
+                    help="decode from bf16 weight copies (train's --generate-bf16)")
     args = ap.parse_args()
     cfg = runs.Config(**runs.PRESETS["tiny"])
     model, tok, _ = models.load_model(args.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
@@ -43,7 +45,8 @@ def main() -> None:
     t0 = time.time()
     episodes = spade_mini.play(model, tok, specs, max_turns=args.turns, max_new_tokens=args.max_new_tokens,
                                max_episode_tokens=args.max_new_tokens * args.turns, temperature=cfg.temperature,
-                               top_p=cfg.top_p, top_k=cfg.top_k, seed=0, limits=train.limits_of(cfg))
+                               top_p=cfg.top_p, top_k=cfg.top_k, seed=0, limits=train.limits_of(cfg),
+                               bf16=models.bf16_autocast(args.generate_bf16, model))
     print(f"wall_s: {time.time() - t0:.1f}")
     for j, f in enumerate(files):
         mine = [ep for ep in episodes if ep.spec.key[0] == j]

@@ -102,16 +102,19 @@ def window_rows(run: Path) -> list[dict]:
         designs = [s for s in samples if s["kind"] == "design" and s["step"] == start]
         m = metrics.get(start, {})
         last = metrics.get(start + m.get("window/length", 1) - 1, m)
-        played = {s["env_id"]: s for s in samples if s["kind"] == "env" and s.get("origin") == "designer"
-                  and s["env_id"].startswith(f"env_{start:05d}_")}
+        # the designed environments' records, in the order of the window record's input (train.score's)
+        played = [s for s in samples if s["kind"] == "env" and s.get("origin") == "designer"
+                  and s["env_id"].startswith(f"env_{start:05d}_")]
         window = next((s for s in samples if s["kind"] == "window" and s["start"] == start and s["designed"]), None)
+        played = {s["env_id"]: _env_row(s, window["input"]["envs"][k] if window else None)
+                  for k, s in enumerate(played)}
         programs = []
         for d in designs:
             fresh, similarity = novel(d["code"], earlier) if d["verdict"]["valid"] else (False, None)
             env = played.get(f"env_{start:05d}_{d['slot']:02d}") if d["verdict"]["valid"] else None
             programs.append({"slot": d["slot"], "skill": d["skill"], "valid": d["verdict"]["valid"],
                              "reason": d["verdict"]["reason"], "novel": fresh, "max_similarity": similarity,
-                             "class": d["verdict"].get("class_name"), "env": env and _env_row(env, window)})
+                             "class": d["verdict"].get("class_name"), "env": env})
         earlier += [d["code"] for d in designs if d["verdict"]["valid"]]
         rewards = [p["env"]["designer_reward"] for p in programs if p["env"]]
         rows.append({
@@ -120,7 +123,8 @@ def window_rows(run: Path) -> list[dict]:
             "rejections": dict(collections.Counter(p["reason"] for p in programs if not p["valid"])),
             "programs": programs,
             "designer_reward_spread": round(max(rewards) - min(rewards), 4) if rewards else None,
-            "designer_samples": last.get("loss/samples_designer"), "designer_grad_norm": last.get("loss/grad_norm_designer"),
+            "designer_samples": last.get("loss/samples_designer"),
+            "designer_grad_norm": last.get("loss/grad_norm_designer"),
             "agent_samples": last.get("loss/samples_agent"), "agent_grad_norm": last.get("loss/grad_norm_agent"),
             "entered_memory": [r["env_id"] for r in records if r.get("step") == start],
             "seconds": {k.split("/")[1][:-2]: round(v, 1) for k, v in m.items()
@@ -129,27 +133,25 @@ def window_rows(run: Path) -> list[dict]:
     return rows
 
 
-def _env_row(env: dict, window: dict | None) -> dict:
-    """One played model-written environment: its plays and scores (the window record's input holds the plays)."""
-    plays = {"unhinted": None, "hinted": None}
-    if window is not None:
-        ids = [k for k in range(len(window["input"]["envs"]))]
-        for k in ids:
-            given, out = window["input"]["envs"][k], window["output"]["envs"][k]
-            if abs(out["r_hint"] - env["r_hint"]) < 1e-12 and abs(out["r_nohint"] - env["r_nohint"]) < 1e-12 \
-                    and given["skill"] == env["skill"]:
-                plays = {"unhinted": sum(len(s) for s in given["unhinted"]), "hinted": len(given["hinted"])}
-                break
+def _env_row(env: dict, given: dict | None) -> dict:
+    """One played model-written environment: its plays (the window record's input), its scores, and whether its
+    agent plays were trained (a non-zero advantage: their returns did not all tie)."""
+    plays = {"unhinted": sum(len(s) for s in given["unhinted"]), "hinted": len(given["hinted"])} if given else {}
     return {"env_id": env["env_id"], **plays, **{k: env.get(k) for k in (
-        "r_nohint", "r_hint", "regret", "w", "designer_reward", "designer_advantage", "hung", "guard", "loc")}}
+        "r_nohint", "r_hint", "regret", "w", "designer_reward", "designer_advantage", "hung", "guard", "loc",
+        "opening_leak", "hint_leak")},
+        "agent_trained": any(a != 0 for step in env.get("agent_advantages") or [] for a in step)}
 
 
 def totals(rows: list[dict]) -> dict:
     played = [p for r in rows for p in r["programs"] if p["novel"] and p["env"] and p["env"]["unhinted"]]
-    trained = [p for p in played if p["env"]["designer_advantage"] or 0]
+    trained = [p for p in played if p["env"]["designer_advantage"]]
     return {"windows": len(rows), "written": sum(r["written"] for r in rows), "valid": sum(r["valid"] for r in rows),
             "novel_valid": sum(r["novel_valid"] for r in rows), "novel_valid_played": len(played),
             "novel_valid_played_designer_trained": len(trained),
+            "novel_valid_played_agent_trained": sum(p["env"]["agent_trained"] for p in played),
+            "novel_valid_played_either_trained": sum(p["env"]["agent_trained"] or bool(p["env"]["designer_advantage"])
+                                                     for p in played),
             "windows_with_designer_gradient": sum(bool(r["designer_samples"]) for r in rows),
             "target_8_novel_valid_played": len(played) >= 8,
             "target_half_windows_designer_gradient": sum(bool(r["designer_samples"]) for r in rows) * 2 >= len(rows)}
@@ -168,7 +170,8 @@ def print_table(rows: list[dict], total: dict) -> None:
             e = p["env"] or {}
             print(f"         slot {p['slot']} {p['skill'][:22]:<22} {p['reason']:<18} {p['class'] or '':<26}"
                   + (f" R_nohint {e['r_nohint']:.2f} R_hint {e['r_hint']:.2f} regret {e['regret']:+.2f} "
-                     f"reward {e['designer_reward']:+.2f} adv {e['designer_advantage']:+.2f}" if e else ""))
+                     f"reward {e['designer_reward']:+.2f} adv {e['designer_advantage']:+.2f}"
+                     f" agent {'trained' if e['agent_trained'] else 'tied'}" if e else ""))
         print(f"         rejected: {r['rejections']}; into the memory: {r['entered_memory']}")
     print(json.dumps(total))
 
@@ -205,8 +208,9 @@ def compare(run: Path, n: int) -> dict:
         train.write_hints(st, 0, played)
         if played:
             train.play_all(st, 0, played, hinted=True)
-        out = regret.score_window(cfg.designer_reward, [dict(skill=e.skill, hung_step=e.hung_step, hinted=e.hinted,
-                                  unhinted=e.unhinted, trained=e.trained) for e in played], {}, 1) if played else {"envs": []}
+        given = [dict(skill=e.skill, hung_step=e.hung_step, hinted=e.hinted, unhinted=e.unhinted, trained=e.trained)
+                 for e in played]
+        out = regret.score_window(cfg.designer_reward, given, {}, 1) if played else {"envs": []}
         fresh = [novel(d.code, references)[0] for d in designs if d.verdict.valid]
         regrets = [row["regret"] for row in out["envs"]]
         k = len(played)
