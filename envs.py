@@ -451,8 +451,9 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
     max_turns capped) -> reset(a) -> 3 probe steps (types, reward range; not all may win) -> reset(b)
     and its probes -> the reset(a)+probes episode replayed in the same instance (state kept across resets) and
     in a fresh process (clock, id(), an unseeded generator; the sandbox seeds the module-level random at each
-    reset) -> solution() played after reset(a) in the fresh process, its actions replayed in the first, every observation and reward compared (hidden state no probe shows) -> it
-    must win at a and at b -> the fair-game guard (games only). a and b are drawn from `seed` (validation_seeds).
+    reset) -> solution() played after reset(a) in the fresh process, its actions replayed in the first, every
+    observation and reward compared (hidden state no probe shows) -> it must win at a and at b -> the fair-game
+    guard (games only). a and b are drawn from `seed` (validation_seeds).
     tool_use: the probes are one schema-valid call of every tool, then one answer (_tool_trace).
     """
     checks: dict[str, bool | None] = dict.fromkeys(TOOL_CHECKS if setting == "tool_use" else CHECKS, False)

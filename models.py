@@ -718,7 +718,9 @@ def bf16_weights(model):
     copies (lora_merged in bf16), the originals put back untouched after; the KV cache is then bf16 too. CPU only,
     and only when the copies fit in half the memory free now (else fp32, merged). On an AMX CPU play ran 1.9x
     faster (bench/play_bench.py: 46.2 -> 24.3 s); the sampler then draws from bf16 logits, so its log-probs
-    differ from the trainer's fp32 ones by what loss/mismatch_* logs, and the TIS weight corrects the agent's samples for it."""
+    differ from the trainer's fp32 ones by what loss/mismatch_* logs. The TIS weight corrects the agent's samples
+    for it; a designer sample's TIS denominator is the trainer's own log-probs taken right after sampling
+    (train.design), so for the designer the mismatch is logged, not corrected."""
     fp32 = {id(p): p for p in model.parameters() if p.dtype == torch.float32}
     if model.device.type != "cpu" or sum(p.numel() * 2 for p in fp32.values()) > _free_memory_bytes() / 2:
         with lora_merged(model):

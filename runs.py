@@ -79,7 +79,7 @@ class Config:
     hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
     thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
-    generate_bf16: str = "off"          # CPU: design, hints and play from bf16 weight copies: auto (native bf16) | on | off
+    generate_bf16: str = "off"          # CPU: design, hints, play from bf16 weight copies: auto (native bf16) | on | off
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
@@ -323,6 +323,8 @@ def resumed_config(cfg, keep_steps: bool = False):
     try:
         saved = json.loads(run.config.read_text())
         saved.pop("steps_ran", None)   # a record of the run, not a setting
+        if isinstance(saved.get("generate_bf16"), bool):   # saved before it took auto | on | off
+            saved["generate_bf16"] = "on" if saved["generate_bf16"] else "off"
         steps = saved["steps"] if keep_steps else cfg.steps
         return type(cfg)(**{**saved, "steps": steps, "resume": str(run.root), "out": str(run.root)})
     except (ValueError, TypeError, KeyError) as err:   # corrupt JSON, or a config of another version

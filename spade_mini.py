@@ -489,7 +489,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
                 _accumulate(model, part, None if old is None else [old[ours[j]] for j in batch], len(share),
                             totals, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
                             kl_beta=kl_beta, pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)
-            if ours:   # this role's part of the step's gradient (this rank's, before the clip)
+            if ours:   # this role's part of the step's gradient (this rank's share: before the all-reduce)
                 norm_list.append(_grad_norm(params, before))
         models.sum_gradients(params)    # torchrun: the gradient of all the step's samples, then clipped
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))

@@ -40,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (top-p and top-k: Config's)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the documents drawn and of the sampling")
     ap.add_argument("--generate-bf16", default="auto", choices=("auto", "on", "off"),
-                    help="decode from bf16 weight copies (train's --generate-bf16; auto: where the CPU has native bf16)")
+                    help="decode from bf16 weight copies (train's --generate-bf16; auto: a CPU with native bf16)")
     ap.add_argument("--example", default="", help="a file to show as the in-context example instead of the default")
     ap.add_argument("--json", default="", help="write every program, its verdict and the summary here")
     return ap

@@ -58,7 +58,7 @@ def copy_gbps(torch, gib: float = 1.0, reps: int = 5) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--rows", type=int, default=6, help="designer prompts decoded together (the preset's slots)")
+    ap.add_argument("--rows", type=int, default=6, help="designer prompts decoded together (the preset has 8)")
     ap.add_argument("--prompt-tokens", type=int, default=1280, help="tokens of each prompt (the preset's ~1,250)")
     ap.add_argument("--steps", type=int, default=32, help="decode steps timed")
     ap.add_argument("--program-tokens", type=int, default=520, help="tokens of each program in the update")

@@ -68,7 +68,8 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> list[float]:
             lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
         return (lo + hi) / 2
     lower = 0.0 if k == 0 else solve(tail_ge, a)
-    upper = 1.0 if k == n else solve(lambda p: 1 - (tail_ge(p) - math.comb(n, k) * p ** k * (1 - p) ** (n - k)), 1 - a)
+    # P(X <= k) falls as p rises: the upper bound is where P(X >= k + 1) = tail_ge(p) - P(X = k) reaches 1 - a
+    upper = 1.0 if k == n else solve(lambda p: tail_ge(p) - math.comb(n, k) * p ** k * (1 - p) ** (n - k), 1 - a)
     return [round(lower, 4), round(upper, 4)]
 
 

@@ -144,20 +144,25 @@ def test_the_update_reports_the_rollout_trainer_mismatch_per_role(tiny_model):
 
 def test_the_update_counts_every_processed_token_and_each_roles_gradient(tiny_model):
     """tokens_per_s counts the tokens the forward and backward went through (a designer sample's 40-token prompt
-    too, not only its 4 trained tokens; pads not), and grad_norm_<role> is the norm of each role's part: the two
-    parts, taken alone, give the same norms, and with lr 0 the step's clipped norm is the norm of their sum."""
+    too, not only its 4 trained tokens; the pads of a shorter sample beside a longer one not), and
+    grad_norm_<role> is the norm of each role's part: each role's samples alone give the same gradient up to the
+    loss's division by the step's sample count, and the step's norm is at most the sum of the two."""
     model, tok = tiny_model
     agent = sm.Sample(list(range(10, 22)), [0] * 6 + [1] * 6, 1.0, "agent")
+    short = sm.Sample(list(range(10, 18)), [0] * 4 + [1] * 4, -1.0, "agent")   # padded to 12 beside `agent`
     designer = sm.Sample(list(range(30, 74)), [0] * 40 + [1] * 4, -0.5, "designer")
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
     kw = dict(temperature=1.0, token_budget=4096, max_grad_norm=1e9)
-    both = sm.update(model, opt, [agent, designer], **kw)
-    assert both["processed_tokens"] == 12 + 44 and both["tokens"] == 6 + 4
-    assert both["tokens_per_s"] * both["seconds"] == pytest.approx(56, rel=1e-6)
-    alone = {s.role: sm.update(model, opt, [s], **kw)["grad_norm"] for s in (agent, designer)}
-    # alone, each sample's loss is divided by 1 instead of 2
-    assert both["grad_norm_agent"] == pytest.approx(alone["agent"] / 2, rel=1e-4)
-    assert both["grad_norm_designer"] == pytest.approx(alone["designer"] / 2, rel=1e-4)
+    both = sm.update(model, opt, [agent, short, designer], **kw)
+    assert both["processed_tokens"] == 12 + 8 + 44 < both["padded_tokens"] == 2 * 12 + 44
+    assert both["tokens"] == 6 + 4 + 4
+    assert both["tokens_per_s"] * both["seconds"] == pytest.approx(64, rel=1e-6)
+    # alone, the designer sample's loss is divided by 1 instead of 3; the agent pair's by 2
+    alone = {"agent": sm.update(model, opt, [agent, short], **kw)["grad_norm"],
+             "designer": sm.update(model, opt, [designer], **kw)["grad_norm"]}
+    assert both["grad_norm_agent"] == pytest.approx(alone["agent"] * 2 / 3, rel=1e-4)
+    assert both["grad_norm_designer"] == pytest.approx(alone["designer"] / 3, rel=1e-4)
+    assert both["grad_norm"] <= both["grad_norm_agent"] + both["grad_norm_designer"] + 1e-6   # their sum's norm
     assert sm.update(model, opt, [agent], **kw)["grad_norm_designer"] is None
 
 
@@ -261,6 +266,7 @@ def test_bf16_weights_merge_the_lora_straight_into_bf16_copies(tiny_model, monke
     merged copy on the way (for Qwen2.5-Coder-1.5B that copy was 5.2 GB of a 13.4 GB peak); W is back after."""
     model, _ = tiny_model
     layers = [m for m in model.modules() if hasattr(m, "get_delta_weight")]
+    saved_b = [m.lora_B["default"].weight.detach().clone() for m in layers]   # the fixture's, put back after
     with torch.no_grad():
         for m in layers:   # a LoRA that is not zero, so the merge shows
             m.lora_B["default"].weight.normal_(0, 0.05)
@@ -278,8 +284,8 @@ def test_bf16_weights_merge_the_lora_straight_into_bf16_copies(tiny_model, monke
         assert all(b.weight is w and w.dtype == torch.float32 for b, w in before)
     finally:
         with torch.no_grad():
-            for m in layers:
-                m.lora_B["default"].weight.zero_()
+            for m, b in zip(layers, saved_b):
+                m.lora_B["default"].weight.copy_(b)
 
 
 def test_bf16_weights_keeps_a_tied_weight_one_copy():
