@@ -449,6 +449,22 @@ def _grad_norm(params: list, before: list) -> float:
     return total ** 0.5
 
 
+def _role_gradients(model, samples: list[Sample], own: list[int], old: dict | None, n: int, totals: dict,
+                    params: list, token_budget: int, **loss_kw) -> dict:
+    """One optimizer step's gradient from this rank's samples `own`, accumulated role by role (the agent's
+    micro-batches, then the designer's) -> the norm of each role's part (this rank's share: taken before the
+    all-reduce), None for a role without samples."""
+    norms = {}
+    for role in ("agent", "designer"):
+        ours = [i for i in own if samples[i].role == role]
+        before = [p.grad.detach().clone() if p.grad is not None else None for p in params]
+        for batch in models.micro_batches([len(samples[i].token_ids) for i in ours], token_budget):
+            part_old = None if old is None else [old[ours[j]] for j in batch]
+            _accumulate(model, [samples[ours[j]] for j in batch], part_old, n, totals, **loss_kw)
+        norms[role] = _grad_norm(params, before) if ours else None
+    return norms
+
+
 def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_low: float = 0.2,
            clip_high: float = 0.28, kl_beta: float = 0.0, token_budget: int, max_grad_norm: float,
            pad_id: int = 0, updates: int = 1, seed: int = 0, chunk_size: int = 512, bf16: bool = False) -> dict:
@@ -479,18 +495,13 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     totals = dict.fromkeys(("loss", "clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"), 0.0)
     totals.update(padded_tokens=0, processed_tokens=0, mismatch_agent=[], mismatch_designer=[])
     norms, role_norms = [], {"agent": [], "designer": []}
+    loss_kw = dict(temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta, pad_id=pad_id,
+                   chunk_size=chunk_size, bf16=bf16)
     for share, own in zip(shares, mine):
         optimizer.zero_grad(set_to_none=True)
-        for role, norm_list in role_norms.items():   # one role's micro-batches, then the other's
-            ours = [i for i in own if samples[i].role == role]
-            before = [p.grad.detach().clone() if p.grad is not None else None for p in params]
-            for batch in models.micro_batches([len(samples[i].token_ids) for i in ours], token_budget):
-                part = [samples[ours[j]] for j in batch]
-                _accumulate(model, part, None if old is None else [old[ours[j]] for j in batch], len(share),
-                            totals, temperature=temperature, clip_low=clip_low, clip_high=clip_high,
-                            kl_beta=kl_beta, pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)
-            if ours:   # this role's part of the step's gradient (this rank's share: before the all-reduce)
-                norm_list.append(_grad_norm(params, before))
+        for role, norm in _role_gradients(model, samples, own, old, len(share), totals, params, token_budget,
+                                          **loss_kw).items():
+            role_norms[role] += [norm] if norm is not None else []
         models.sum_gradients(params)    # torchrun: the gradient of all the step's samples, then clipped
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
         optimizer.step()

@@ -77,6 +77,16 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, capsys):
     assert "nothing to do" in out and f"--resume {tmp_path} --steps 3" in out
 
 
+def test_a_run_saved_with_the_old_boolean_generate_bf16_resumes(tmp_path):
+    """--generate-bf16 was a switch (true/false in config.json) before it took auto | on | off; such a run's
+    config resumes with the same meaning instead of failing check_config over a flag nobody gave."""
+    for saved, meant in ((False, "off"), (True, "on")):
+        (tmp_path / "config.json").write_text(json.dumps({"steps": 2, "model": "tiny-random", "generate_bf16": saved}))
+        cfg = runs.resumed_config(runs.Config(resume=str(tmp_path)))
+        assert cfg.generate_bf16 == meant
+        cli.check_config(None, cfg)
+
+
 def test_resume_of_a_finished_run_whose_final_checkpoint_was_deleted_refuses_and_keeps_metrics(tmp_path, capsys):
     """The final checkpoint (every run writes one at its last step) counts too: without it a resume redid step 0
     and rewrote its metrics line, with exit 0 and not a word said."""
