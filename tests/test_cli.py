@@ -469,7 +469,7 @@ def test_the_designer_benchmark_answers_help_before_torch_and_explains_every_opt
                "print('torch' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
     lines = done.stdout.splitlines()
-    assert lines[0] == "8 True False" and "--max-new-tokens" in done.stdout and lines[-1] == "False", done.stdout
+    assert lines[0] == "9 True False" and "--max-new-tokens" in done.stdout and lines[-1] == "False", done.stdout
 
 
 def test_a_run_without_hinted_plays_logs_no_hinted_return_and_no_regret(tmp_path):
