@@ -30,7 +30,7 @@ BAD = {
     "bad_step_raises.py": "step_error",
     "bad_reward_50.py": "reward_range",
     "bad_reward_nan.py": "reward_range",
-    "bad_nondet_global_random.py": "nondeterministic",
+    "bad_nondet_unseeded.py": "nondeterministic",
     "bad_nondet_time.py": "nondeterministic",
     "bad_nondet_id.py": "nondeterministic",
     "bad_nondet_state.py": "nondeterministic",

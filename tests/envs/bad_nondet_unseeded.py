@@ -1,4 +1,5 @@
-"""Fixture (broken: nondeterministic -- the global random module, never seeded by reset)."""
+"""Fixture (broken: nondeterministic -- an unseeded generator; the module-level random would repeat by
+seed, as the sandbox seeds it at each reset: departure 33)."""
 
 import random
 
@@ -8,7 +9,7 @@ class LuckyEnv:
         self.max_turns = max_turns
 
     def reset(self, seed=None):
-        self.secret = random.randint(1, 10**9)
+        self.secret = random.Random().randint(1, 10**9)
         return "Guess the number in \\boxed{}.", {}
 
     def step(self, action):
