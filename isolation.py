@@ -864,7 +864,6 @@ def _child_serve(req_fd: int, rep_fd: int, max_bytes: int) -> None:
     # bound now: env code may monkeypatch these modules for its own purposes later
     read, write, loads, dumps, exit_ = os.read, os.write, json.loads, json.dumps, os._exit
     read_frame, load, call, fail = _child_read, _child_load, _child_call, _child_fail
-    seed = __import__("random").seed   # the module-level generator's, bound before any env code runs
     env, buf = None, b""
     while True:
         frame = read_frame(req_fd, buf, read)
@@ -873,9 +872,9 @@ def _child_serve(req_fd: int, rep_fd: int, max_bytes: int) -> None:
         nonce, body, buf = frame
         request = loads(body)
         if env is None:
-            reply, env = load(request["code"], request["kwargs"], request.get("max_turns"), seed)
+            reply, env = load(request["code"], request["kwargs"], request.get("max_turns"))
         else:
-            reply = call(env, request["method"], request["args"], max_bytes, seed)
+            reply = call(env, request["method"], request["args"], max_bytes)
         try:
             data = dumps(reply, allow_nan=True).encode()
         except ValueError as exc:   # e.g. an int with more digits than int->str conversion allows
@@ -949,7 +948,7 @@ def _child_game_class(module, names: list):
     return leaves[0] if leaves else None
 
 
-def _child_load(code: str, kwargs: dict, max_turns_cap, seed):
+def _child_load(code: str, kwargs: dict, max_turns_cap):
     """Compile, run the module, take its game class, instantiate it with its own defaults, cap max_turns.
 
     The game class: among the top-level classes whose name ends in 'Env', the first that no other of them
@@ -969,7 +968,7 @@ def _child_load(code: str, kwargs: dict, max_turns_cap, seed):
         return _child_fail("no_env_class", "no top-level class whose name ends in 'Env'"), None
     module = type(sys)("env_module")
     sys.modules["env_module"] = module   # dataclasses, enum and pickle look a class's module up here
-    seed(0)                              # the module-level random: the same in every process (see _child_call)
+    __import__("random").seed(0)         # the module-level random: the same in every process (see _child_call)
     for name, (mod, attr) in _child_prelude(module_code).items():
         value, failure = _child_run(__import__, (mod,), "init_error")
         if failure:
@@ -1000,7 +999,7 @@ def _child_load(code: str, kwargs: dict, max_turns_cap, seed):
     return {"ok": True, "value": [str(type.__dict__["__name__"].__get__(cls)), turns]}, env
 
 
-def _child_call(env, method: str, args: list, max_bytes: int, seed) -> dict:
+def _child_call(env, method: str, args: list, max_bytes: int) -> dict:
     """env.method(*args) as a reply holding a copy of the result made of plain JSON types (reset(seed) first
     seeds the module-level random from the seed). Two names that are no Python identifier are the tool-use
     setting's operations: ':tools' reads env.tools, ':tool' runs a tool call."""
@@ -1009,7 +1008,8 @@ def _child_call(env, method: str, args: list, max_bytes: int, seed) -> dict:
     if method == "reset" and args and type(args[0]) is int:
         # a program that draws from random.randint (not its own random.Random(seed)) still repeats by seed: the
         # module-level generator restarts from reset's seed, as Gymnasium's reset(seed=) seeds np_random
-        _, failure = _child_run(seed, (args[0],), "error")
+        # note: inside _child_run, since env code may have replaced random.seed (it then only misleads itself)
+        _, failure = _child_run(lambda: __import__("random").seed(args[0]), (), "error")
         if failure:
             return _child_fail(*failure)
     ops = {":tools": lambda: env.tools, ":tool": lambda: _child_tool(env, *args)}
