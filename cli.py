@@ -564,8 +564,9 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
     mu = {} if mu is None else mu
     if not isinstance(mu, dict) or not all(v is None or finite(v) for v in mu.values()):
         fail("mu_slow", "an object of skill -> finite number or null")
-    if not finite(data.get("hang_penalty", hang_penalty)):
-        fail("hang_penalty", "a finite number")
+    for name, default in (("hang_penalty", hang_penalty), ("invalid_reward", regret.INVALID_REWARD)):
+        if not finite(data.get(name, default)):
+            fail(name, "a finite number")
     if not (isinstance(data.get("envs"), list) and data["envs"]):
         fail("envs", "a non-empty list")
     out = []
@@ -578,8 +579,14 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
         hung_step = e.get("hung_step")
         if hung_step is not None and not (type(hung_step) is int and 0 <= hung_step < data["window"]):
             fail(f"{where}.hung_step", f"null or an integer from 0 to {data['window'] - 1}")
-        steps = e.get("unhinted")
-        if not (isinstance(steps, list) and 1 <= len(steps) <= data["window"] and (steps[0] or hung_step == 0)):
+        if not isinstance(e.get("invalid", False), bool):
+            fail(f"{where}.invalid", "true or false (a rejected program, no plays: the designer reward is "
+                 "invalid_reward)")
+        steps = e.get("unhinted", [] if e.get("invalid") else None)
+        if e.get("invalid") and steps != []:
+            fail(f"{where}.unhinted", "[] or absent for an invalid program (it was never played)")
+        if not (isinstance(steps, list) and len(steps) <= data["window"]
+                and (e.get("invalid") or steps and (steps[0] or hung_step == 0))):
             fail(f"{where}.unhinted", f"a list of 1 to {data['window']} lists (one per step of the window), the "
                  "first not empty unless hung_step is 0")
         steps = [numbers(x, f"{where}.unhinted[{i}]") for i, x in enumerate(steps)]
@@ -591,9 +598,11 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
         if not isinstance(e.get("caught", False), bool):
             fail(f"{where}.caught", "true or false (the play guard's finding: the designer reward is 0)")
         out.append(dict(skill=e["skill"], hung_step=hung_step, unhinted=steps, trained=trained,
-                        hinted=numbers(e.get("hinted", []), f"{where}.hinted"), caught=e.get("caught", False)))
+                        hinted=numbers(e.get("hinted", []), f"{where}.hinted"), caught=e.get("caught", False),
+                        invalid=e.get("invalid", False)))
     return {"variant": data["variant"], "window": data["window"], "mu_slow": dict(mu), "envs": out,
-            "hang_penalty": data.get("hang_penalty", hang_penalty)}
+            "hang_penalty": data.get("hang_penalty", hang_penalty),
+            "invalid_reward": data.get("invalid_reward", regret.INVALID_REWARD)}
 
 
 def cmd_score(path: str) -> int:
@@ -609,7 +618,7 @@ def cmd_score(path: str) -> int:
     except InputError as err:
         raise InputError(f"{path}: {err}") from None
     out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
-                              hang_penalty=given["hang_penalty"])
+                              hang_penalty=given["hang_penalty"], invalid_reward=given["invalid_reward"])
     for k, e in enumerate(out["envs"]):
         print(f"env {k}: r_hint {e['r_hint']:.4f} r_nohint {e['r_nohint']:.4f} regret {e['regret']:+.4f} "
               f"w {e['w']:.4f} reward {e['designer_reward']:.4f} advantage {e['designer_advantage']:+.4f}")

@@ -17,6 +17,7 @@ BLEND_WEIGHTS = (0.4, 0.6)        # blend: weight of the regret part, weight of 
 GAMMA_SLOW = 0.85                 # learning_potential: step size of the slow per-skill mean
 MAX_SCALE = 50.0                  # designer advantages: cap on S = n_RA / n_ED
 EPS = 1e-8                        # agent advantages: added to the std
+INVALID_REWARD = -0.5             # opt-in (--invalid-samples): designer reward of a rejected program (paper: no sample)
 HANG_PENALTY = -0.5               # designer reward of an environment a play of which hung at its window's first step
 DESIGNER_REWARDS = ("regret", "blend", "solve_rate", "learning_potential", "regret_based")
 
@@ -185,7 +186,7 @@ def designer_advantages(rewards: list[float], skills: list[str], scale: float) -
 # one window of outcomes -> every reward and advantage (the loop and `spade-mini score` both call this)
 
 def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
-                 hang_penalty: float = HANG_PENALTY) -> dict:
+                 hang_penalty: float = HANG_PENALTY, invalid_reward: float = INVALID_REWARD) -> dict:
     """Score one regeneration window. envs: one dict per environment, {skill, hung_step, hinted: [returns],
     unhinted: [[returns of step 0], [step 1], ...], trained: same shape of bools (optional, all True)}.
     hung_step: None, or the step of the window at which a play hit a step timeout; that step's timed-out
@@ -196,9 +197,10 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
     * w = mean of every unhinted return of the window; win_rate = the share of the FIRST step's > 0 (the
       memory's band, as the official memory takes it).
     * mu_slow: update_slow_means (every variant); learning_potential reads the UPDATED mean.
-    * designer_reward: hang_penalty if hung at the window's first step (hung_step 0; every variant: departure
-      23), else 0 if `caught` (the play guard, departure 32), else designer_reward(variant, ...) on the
-      surviving plays; `regret` pays the first step's regret, `regret_based` R_hint - w (all the window's plays).
+    * designer_reward: invalid_reward for a program the sandbox rejected (`invalid`: no plays; given only with
+      the opt-in --invalid-samples), hang_penalty if hung at the window's first step (hung_step 0; every
+      variant: departure 23), else 0 if `caught` (the play guard, departure 32), else designer_reward(variant,
+      ...) on the surviving plays; `regret` pays the first step's regret, `regret_based` R_hint - w.
     * designer_advantage = designer_advantages(..., S = designer_scale(n_RA, window, n_ED)).
     * agent_advantages[k] = agent_advantages(step k) over its surviving plays.
 
@@ -222,7 +224,8 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
     for e, returns in zip(envs, window_returns):
         first = [float(r) for r in (e["unhinted"][0] if e["unhinted"] else [])]
         r_nohint, r_hint, w = _mean(first), _mean(e.get("hinted") or []), _mean(returns)
-        reward = (hang_penalty if e.get("hung_step") == 0 else 0.0 if e.get("caught")   # the play guard (dep. 32)
+        reward = (invalid_reward if e.get("invalid") else hang_penalty if e.get("hung_step") == 0
+                  else 0.0 if e.get("caught")   # the play guard (departure 32)
                   else designer_reward(variant, r_hint, r_nohint, w, mu_new.get(e["skill"])))
         trained = e.get("trained") or [[True] * len(step) for step in e["unhinted"]]
         rows.append(dict(r_hint=r_hint, r_nohint=r_nohint, regret=hint_regret(r_hint, r_nohint), w=w,

@@ -83,6 +83,8 @@ class Config:
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
+    invalid_samples: bool = False       # opt-in: a rejected program is a designer sample too (paper: none)
+    invalid_reward: float = regret.INVALID_REWARD  # its designer reward, centred with its skill's valid ones
     fair_games: bool = True             # a designed game's solution() must replay, beat probes, vary by seed (dep. 29)
     play_guard: bool = True             # zero the designer reward of a game a scripted player wins unreasoning (dep. 32)
     memory_duplicates: int = 2          # memory records that share one mechanics signature, at most (oldest dropped)
@@ -139,12 +141,13 @@ PRESETS = {
                  token_budget=2048),
     # the real loop on a CPU (2 cores, 24 GB): Qwen2.5-Coder-1.5B in both roles, bf16 decode where the CPU has
     # it natively; 8 slots over 4 skills (2 each: a skill's designer group needs two programs of different regret
-    # to get a gradient), a window of 1 step so that every step trains the designer; checkpointing on (1.5B)
+    # to get a gradient, or one valid and one rejected: --invalid-samples, opt-in, on here), a window of 1 step so
+    # that every step trains the designer; checkpointing on (1.5B)
     "cpu-1.5b": dict(model="qwen2.5-coder-1.5b", doc_words=150, envs_per_step=8, skills_per_step=4, design_attempts=1,
                      regen_interval=1, steps=4, plays=4, hinted_plays=2, max_turns=3, designer_max_new_tokens=768,
                      hint_max_new_tokens=64, agent_max_new_tokens=48, agent_max_episode_tokens=144,
                      agent_prompt="agent_brief.txt", lr=1e-4, lora_r=8, lora_alpha=16, token_budget=2048,
-                     generate_bf16="auto"),
+                     generate_bf16="auto", invalid_samples=True),
     # one 24 GB GPU (`spade-mini plan --preset 4b` shows each phase's memory): NF4 weights 2.5 GiB; the 32
     # episodes of a window's first step decode in 2 waves of 16; documents cut to 1,500 words (~3k tokens)
     "4b": dict(model="Qwen/Qwen3-4B-Instruct-2507", doc_words=1500, envs_per_step=4, plays=4, hinted_plays=4, max_turns=6,

@@ -76,8 +76,9 @@ class Design:
     text: str
     code: str | None
     verdict: envs.Verdict
-    logprobs: list | None = None        # valid ones: the sampling policy's log-probs of completion_ids (TIS)
-    rollout_logprobs: list | None = None  # valid ones: what the sampler recorded for them (the mismatch metric)
+    logprobs: list | None = None        # samples: the sampling policy's log-probs of completion_ids (TIS)
+    rollout_logprobs: list | None = None  # samples: what the sampler recorded for them (the mismatch metric)
+    advantage: float = 0.0              # rejected ones under --invalid-samples: score_window's designer advantage
 
 
 @dataclass
@@ -206,16 +207,18 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting,
                                                                     seeds, cfg.fair_games),
                                           shown)   # a repeat of an example in the prompt is no new environment
-        valid = [o for o, v in zip(outs, verdicts) if v.valid]   # trained R - 1 updates later: TIS needs these
+        # trained R - 1 updates later: TIS needs these (the rejected ones too where they are samples)
+        sampled = [o for o, v in zip(outs, verdicts) if v.valid or cfg.invalid_samples]
         logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
-            o.prompt_ids) + [1] * len(o.completion_ids)) for o in valid], temperature=cfg.temperature,
+            o.prompt_ids) + [1] * len(o.completion_ids)) for o in sampled], temperature=cfg.temperature,
             token_budget=cfg.token_budget, pad_id=st.tok.pad_token_id or 0,
             bf16=models.bf16_autocast(cfg.train_bf16, st.model)))
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
+            sample = verdict.valid or cfg.invalid_samples
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]), out.prompt_ids,
                                    out.completion_ids, out.text, code, verdict,
-                                   next(logprobs)[len(out.prompt_ids):] if verdict.valid else None,
-                                   out.logprobs if verdict.valid else None))
+                                   next(logprobs)[len(out.prompt_ids):] if sample else None,
+                                   out.logprobs if sample else None))
             if verdict.valid:
                 filled.add(g)
     return sorted(sum(models.gather(attempts, "the designs"), []), key=lambda d: (d.attempt, d.slot))
@@ -330,18 +333,25 @@ def score(st: State, window: Window) -> list[dict]:
     records = []
     for designed in (True, False):
         chosen = [e for e in window.envs if (e.design is not None) == designed]
-        if not chosen:
+        rejected = ([d for d in window.attempts if not d.verdict.valid and d.completion_ids]
+                    if designed and st.cfg.invalid_samples else [])   # opt-in: centred with their skill's valid ones
+        if not chosen and not rejected:
             continue
         given = {"variant": st.cfg.designer_reward, "window": window.length, "hang_penalty": st.cfg.timeout_penalty,
+                 "invalid_reward": st.cfg.invalid_reward,
                  "envs": [dict(skill=e.skill, hung_step=e.hung_step, hinted=e.hinted, unhinted=e.unhinted,
                                trained=e.trained, caught=bool(e.stats.get("guard")))   # the play guard's finding
-                          for e in chosen], "mu_slow": dict(st.mu_slow)}   # score's input
+                          for e in chosen] + [dict(skill=d.skill, hung_step=None, hinted=[], unhinted=[],
+                                                   invalid=True) for d in rejected],
+                 "mu_slow": dict(st.mu_slow)}   # score's input
         out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
-                                  hang_penalty=given["hang_penalty"])
+                                  hang_penalty=given["hang_penalty"], invalid_reward=given["invalid_reward"])
         if designed:                    # pool and backfill environments leave the slow means alone
             st.mu_slow = out["mu_slow"]
         for e, row in zip(chosen, out["envs"]):
             e.scores = row
+        for d, row in zip(rejected, out["envs"][len(chosen):]):
+            d.advantage = row["designer_advantage"]
         records.append(dict(kind="window", start=window.start, designed=designed, input=given, output=out))
     return records
 
@@ -386,16 +396,17 @@ def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
 
 
 def designer_samples(cfg: Config, window: Window) -> list:
-    """Phase 8a, at the window's last step: one sample per designed environment with score_window's advantage,
-    carrying the log-probs it was sampled with (R - 1 updates ago: the update's TIS weight corrects for it)."""
+    """Phase 8a, at the window's last step: one sample per designed environment with score_window's advantage
+    (and per rejected program under --invalid-samples), carrying the log-probs it was sampled with (R - 1
+    updates ago: the update's TIS weight corrects for it)."""
     if cfg.no_designer_training:
         return []
+    scored = [(e.design, e.scores["designer_advantage"]) for e in window.envs if e.design is not None]
+    scored += [(d, d.advantage) for d in window.attempts if not d.verdict.valid]
     return [spade_mini.Sample(d.prompt_ids + d.completion_ids, [0] * len(d.prompt_ids) + [1] * len(d.completion_ids),
-                              e.scores["designer_advantage"], "designer",
-                              d.logprobs and [0.0] * len(d.prompt_ids) + d.logprobs,
+                              advantage, "designer", d.logprobs and [0.0] * len(d.prompt_ids) + d.logprobs,
                               d.rollout_logprobs and [0.0] * len(d.prompt_ids) + d.rollout_logprobs)
-            for e in window.envs if (d := e.design) is not None and e.scores["designer_advantage"] != 0
-            and d.completion_ids]
+            for d, advantage in scored if advantage != 0 and d.completion_ids]
 
 
 def optimize(st: State, step: int, samples: list) -> dict:

@@ -109,13 +109,19 @@ def window_rows(run: Path) -> list[dict]:
         window = next((s for s in samples if s["kind"] == "window" and s["start"] == start and s["designed"]), None)
         played = {s["env_id"]: _env_row(s, window["input"]["envs"][k] if window else None)
                   for k, s in enumerate(played)}
+        # --invalid-samples: the rejected programs follow the played ones in the window record, in design order
+        scored = zip(window["input"]["envs"], window["output"]["envs"]) if window else []
+        rejected = iter([out for given, out in scored if given.get("invalid")])
         programs = []
         for d in designs:
             fresh, similarity = novel(d["code"], earlier) if d["verdict"]["valid"] else (False, None)
             env = played.get(f"env_{start:05d}_{d['slot']:02d}") if d["verdict"]["valid"] else None
+            paid = None if d["verdict"]["valid"] else next(rejected, None)
             programs.append({"slot": d["slot"], "skill": d["skill"], "valid": d["verdict"]["valid"],
                              "reason": d["verdict"]["reason"], "novel": fresh, "max_similarity": similarity,
-                             "class": d["verdict"].get("class_name"), "env": env})
+                             "class": d["verdict"].get("class_name"), "env": env,
+                             "rejected_reward": paid and paid["designer_reward"],
+                             "rejected_advantage": paid and paid["designer_advantage"]})
         earlier += [d["code"] for d in designs if d["verdict"]["valid"]]
         rewards = [p["env"]["designer_reward"] for p in programs if p["env"]]
         rows.append({
@@ -125,6 +131,8 @@ def window_rows(run: Path) -> list[dict]:
             "programs": programs,
             "designer_reward_spread": round(max(rewards) - min(rewards), 4) if rewards else None,
             "designer_samples": last.get("loss/samples_designer"),
+            "designer_samples_valid": sum(bool(p["env"] and p["env"]["designer_advantage"]) for p in programs),
+            "designer_samples_rejected": sum(bool(p["rejected_advantage"]) for p in programs),
             "designer_grad_norm": last.get("loss/grad_norm_designer"),
             "agent_samples": last.get("loss/samples_agent"), "agent_grad_norm": last.get("loss/grad_norm_agent"),
             "entered_memory": [r["env_id"] for r in records if r.get("step") == start],
@@ -154,6 +162,8 @@ def totals(rows: list[dict]) -> dict:
             "novel_valid_played_either_trained": sum(p["env"]["agent_trained"] or bool(p["env"]["designer_advantage"])
                                                      for p in played),
             "windows_with_designer_gradient": sum(bool(r["designer_samples"]) for r in rows),
+            "windows_with_designer_gradient_on_a_valid_program": sum(bool(r.get("designer_samples_valid"))
+                                                                     for r in rows),
             "target_8_novel_valid_played": len(played) >= 8,
             "target_half_windows_designer_gradient": sum(bool(r["designer_samples"]) for r in rows) * 2 >= len(rows)}
 
@@ -172,7 +182,9 @@ def print_table(rows: list[dict], total: dict) -> None:
             print(f"         slot {p['slot']} {p['skill'][:22]:<22} {p['reason']:<18} {p['class'] or '':<26}"
                   + (f" R_nohint {e['r_nohint']:.2f} R_hint {e['r_hint']:.2f} regret {e['regret']:+.2f} "
                      f"reward {e['designer_reward']:+.2f} adv {e['designer_advantage']:+.2f}"
-                     f" agent {'trained' if e['agent_trained'] else 'tied'}" if e else ""))
+                     f" agent {'trained' if e['agent_trained'] else 'tied'}" if e
+                     else f" reward {p['rejected_reward']:+.2f} adv {p['rejected_advantage']:+.2f}"
+                     if p.get("rejected_reward") is not None else ""))
         print(f"         rejected: {r['rejections']}; into the memory: {r['entered_memory']}")
     print(json.dumps(total))
 

@@ -20,8 +20,9 @@ METHOD = ("train.py", "spade_mini.py", "envs.py", "sandbox.py", "regret.py")
 # play guard's zeroed reward (regret.score_window's `caught`), the fair-game guard standing aside without a
 # replayable solution(), and the memory's near-duplicate cap (envs.Memory.add); +35 for the designer loop on a
 # CPU: each role's part of the gradient and the tokens the update processed (spade_mini.update, _role_gradients),
-# bf16 decode in every role (train.sample_kwargs)
-BUDGET_LINES = 2675
+# bf16 decode in every role (train.sample_kwargs); +15 for the method's optional penalty of invalid programs
+# (--invalid-samples: regret.score_window's `invalid`, train.score and designer_samples)
+BUDGET_LINES = 2690
 MAX_FUNCTION_LINES = 60
 PROJECT = {p.stem for p in ROOT.glob("*.py")}
 HEAVY = {"torch", "transformers", "peft", "matplotlib", "numpy", "bitsandbytes", "reasoning_gym", "sympy"}

@@ -402,9 +402,14 @@ def play_at_a_terminal(keys: list[bytes]) -> tuple[str, int]:
     is SIGINT), each of `keys` typed at a prompt; returns (everything shown, exit code)."""
     import pty
     import select
+    import signal
     import time
     pid, main_fd = pty.fork()
     if pid == 0:   # the child: exec at once, nothing of pytest's state runs here
+        # as a shell gives its foreground job: a suite started in the background (`.ci/run &`, nohup) inherits
+        # SIGINT and SIGHUP ignored, and an ignored disposition survives exec (Ctrl-C then did nothing)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         os.execve(sys.executable, [sys.executable, str(ROOT / "cli.py"), "play", str(EXAMPLES / "walk.py"), "--seed",
                                    "3"], {**os.environ, "TERM": "xterm"})
     shown = b""
@@ -435,7 +440,7 @@ def test_interactive_play_edits_the_line_with_the_arrow_keys():
 
 def test_interactive_play_ctrl_c_exits_130():
     shown, code = play_at_a_terminal([b"\x03"])
-    assert code == 130 and '"turns": 0' in shown
+    assert code == 130 and '"turns": 0' in shown, (code, shown)
 
 
 def test_the_coder_models_one_time_set_up_says_what_it_does(tmp_path, monkeypatch, capsys):

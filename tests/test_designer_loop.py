@@ -329,3 +329,52 @@ def test_the_loops_trained_advantages_equal_spade_mini_score_of_the_logged_input
     assert designer
     agent = [s.advantage for s in train.agent_samples(played)[0]]
     assert agent == pytest.approx([a for e in scored for a in e["agent_advantages"][-1] if a != 0]) and agent
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_a_rejected_program_is_a_designer_sample_with_a_negative_advantage_only_when_asked(opt_in, tmp_path):
+    """--invalid-samples (opt-in; the paper gives invalid generations no sample): a skill with one valid program
+    the agent never wins (regret 0) and one rejected program (-0.5) gets a designer gradient, the valid one
+    pushed up (+), the rejected one down (-), S = 4 plays / 2 entries = 2: +0.5 and -0.5; `spade-mini score`
+    of the logged input gives the same. Without the flag the lone valid program has nothing to be centred
+    against: no designer sample."""
+    valid = train.Design(0, 0, "A", "", [1, 2], [3, 4, 5], "", "code", envs.Verdict(True, "ok", "E"), [-1.0] * 3)
+    broken = train.Design(1, 0, "A", "", [1, 2], [6, 7], "", None, envs.Verdict(False, "syntax", None), [-2.0] * 2)
+    played = [train.PlayedEnv("e0", "A", "code", valid, hinted=[0, 0], unhinted=[[0, 0, 0, 0]],
+                              trained=[[True] * 4])]
+    window = train.Window(0, 1, ["A"], [valid, broken], played)
+    cfg = runs.Config(designer_reward="regret", regen_interval=1, invalid_samples=opt_in, invalid_reward=-0.5)
+    (record,) = train.score(train.State(cfg, None, None, None, None, None, [], [], [], {}), window)
+    samples = train.designer_samples(cfg, window)
+    if not opt_in:
+        assert samples == [] and len(record["input"]["envs"]) == 1
+        return
+    assert [(s.token_ids, s.advantage) for s in samples] == [([1, 2, 3, 4, 5], 0.5), ([1, 2, 6, 7], -0.5)]
+    assert samples[1].loss_mask == [0, 0, 1, 1] and samples[1].sampling_logprobs == [0.0, 0.0, -2.0, -2.0]
+    (tmp_path / "window.json").write_text(json.dumps(record["input"]))
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["score", str(tmp_path / "window.json")]) == 0
+    scored = json.loads(buf.getvalue().strip().splitlines()[-1])["envs"]
+    assert [e["designer_advantage"] for e in scored] == [0.5, -0.5]
+
+
+def test_the_loop_trains_a_rejected_program_with_the_log_probs_it_was_sampled_with(tmp_path):
+    """End to end under --invalid-samples, one window of one step: the scripted designer's broken program (slot 1's
+    first attempt) is logged as an invalid entry of the window and reaches the update as a designer sample with
+    a negative advantage (its skill's valid games earn >= 0 under blend) and the sampling log-probs design()
+    took for it (negative on its tokens, 0 on the prompt)."""
+    out = tmp_path / "run"
+    args = ARGS[:ARGS.index("--regen-interval")] + ["--regen-interval", "1", "--steps", "1", "--designer-reward",
+                                                    "blend", "--train-bf16", "off", "--no-play-guard"]
+    with pytest.MonkeyPatch.context() as mp:
+        designer = ScriptedDesigner(mp)
+        assert cli.main(["train", *args, "--invalid-samples", "--out", str(out)]) == 0
+    (window,) = [r for r in lines(out / "samples.jsonl") if r["kind"] == "window"]
+    assert [bool(e.get("invalid")) for e in window["input"]["envs"]] == [False, False, True]
+    assert window["output"]["envs"][2]["designer_reward"] == regret.INVALID_REWARD
+    (samples,) = designer.updates
+    (broken,) = [s for s in samples if s.role == "designer" and s.advantage < 0]
+    assert broken.advantage == pytest.approx(window["output"]["envs"][2]["designer_advantage"])
+    assert len(broken.sampling_logprobs) == len(broken.token_ids)
+    assert all((lp < 0) == bool(m) for lp, m in zip(broken.sampling_logprobs[1:], broken.loss_mask[1:]))

@@ -108,6 +108,21 @@ def test_scale_counts_plays_not_trained_samples():
     assert regret.score_window("regret", [flat] * 4, {}, 1)["scale"] == 4.0
 
 
+def test_an_invalid_program_is_paid_invalid_reward_and_centred_with_its_skill():
+    """Opt-in --invalid-samples: skill A has one valid environment (hinted [1, 1, 0, 1], unhinted [[0, 1, 0, 0]]:
+    regret 0.5) and one rejected program (reward -0.5); skill B only a rejected one. A's mean is 0, S = 4 plays
+    * 1 / 3 entries = 4/3, so A's advantages are 0.5 * 4/3 = 2/3 and -2/3; B's lone entry is 0. The slow means
+    see only played returns (B gets none), and without the rejected entries A's environment is alone: 0."""
+    valid = {"skill": "A", "hinted": [1, 1, 0, 1], "unhinted": [[0, 1, 0, 0]]}
+    out = regret.score_window("regret", [valid, {"skill": "A", "unhinted": [], "invalid": True},
+                                         {"skill": "B", "invalid": True, "unhinted": []}], {}, 1, invalid_reward=-0.5)
+    assert [e["designer_reward"] for e in out["envs"]] == [0.5, -0.5, -0.5]
+    assert out["scale"] == pytest.approx(4 / 3)
+    assert [e["designer_advantage"] for e in out["envs"]] == pytest.approx([2 / 3, -2 / 3, 0.0])
+    assert out["mu_slow"] == {"A": 0.25} and out["envs"][1]["agent_advantages"] == []
+    assert regret.score_window("regret", [valid], {}, 1)["envs"][0]["designer_advantage"] == 0.0
+
+
 def test_score_window_matches_timing_and_pools_w_over_the_window():
     """Window of 2 steps, unhinted [[0, 0], [0, 1]]: r_nohint = mean of step 0 only = 0 (matched timing with
     the hints), r_hint = 0.5, regret 0.5; w = mean of all four = 0.25, win rate 0 (step 0's); step 0 ties,

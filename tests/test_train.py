@@ -301,6 +301,8 @@ def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_window
     cfg = cli.config_from_args({"preset": "cpu-1.5b"})
     assert cfg.model == "qwen2.5-coder-1.5b" and cfg.gradient_checkpointing and cfg.generate_bf16 == "auto"
     assert cfg.regen_interval == 1 and cfg.design_attempts == 1 and cfg.quantize == "auto"
+    # a lone valid program of a skill is centred against its rejected sibling (the opt-in penalty, on here)
+    assert cfg.invalid_samples and cfg.invalid_reward == -0.5 and not runs.Config().invalid_samples
     seen = []
     for window in range(2):
         skills = train.active_skills(cfg, window)
