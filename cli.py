@@ -1,4 +1,4 @@
-"""The `spade-mini` command line: train, validate, play, score, eval, report, plan.
+"""The `spade-mini` command line: train, validate, play, score, conform, eval, report, plan.
 
 A support module (a first read of the method may skip it). `train`'s flags are generated from runs.Config
 (`--group-size` <-> `cfg.group_size`, the field's trailing comment is its help). Bad input of any kind ends in
@@ -42,6 +42,7 @@ COMMANDS = {
     "validate": "check an environment program in the sandbox",
     "play": "play an environment in the terminal, or replay actions from a file",
     "score": "rewards and advantages of one window of outcomes (conformance check)",
+    "conform": "golden cases another implementation can be checked against, and two runs compared step by step",
     "eval": "held-out evaluation: reasoning-gym or BFCL v4 multi-turn, and an environment pool",
     "report": "write RUN_DIR/report/index.html: plots and environments",
     "plan": "the GPU memory of each phase of a run, whether it fits the card, and the geometry chosen",
@@ -627,6 +628,48 @@ def cmd_score(path: str) -> int:
 
 
 # -----------------------------------------------------------------------------------------------------------
+# spade-mini conform: the golden cases (conform/*.json), another implementation's outputs, two runs side by side
+
+def cmd_conform(args: dict) -> int:
+    """Each case's first difference from its golden output (exit 1 if any), or two runs' metrics step by step."""
+    import evaluate
+    from sandbox import inert
+    if args["runs"]:
+        sides = [[Path(p) for p in side.split(",") if p] for side in args["runs"]]
+        rows = evaluate.compare_runs(*sides, tolerance=args["tolerance"])
+        apart = [r for r in rows if not r["agree"]]
+        for r in apart[:50]:
+            print(inert(f"step {r['step']} {r['metric']}: {r['a']!r} vs {r['b']!r}", one_line=True))
+        steps = len({r["step"] for r in rows})
+        print(f"{len(rows) - len(apart)} of {len(rows)} values agree over {steps} common steps")
+        return 0 if rows and not apart else 1
+    sections = [s for s in args["only"].split(",") if s] or list(evaluate.CONFORM_SECTIONS)
+    if unknown := [s for s in sections if s not in evaluate.CONFORM_SECTIONS]:
+        raise InputError(f"--only: unknown section {unknown[0]!r} (one of {', '.join(evaluate.CONFORM_SECTIONS)})")
+    if args["write"]:
+        evaluate.write_golden(sections)
+        print(f"rewrote the outputs of {', '.join(sections)} in {evaluate.CONFORM_GOLDEN}")
+        return 0
+    theirs = None
+    if args["check"]:
+        raw = read_file(args["check"], limit=100_000_000, flag="--check")   # a missing file says so
+        try:
+            theirs = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as err:
+            raise InputError(f"--check: {args['check']}: not JSON ({type(err).__name__})") from None
+        if not (isinstance(theirs, dict) and all(isinstance(v, dict) for v in theirs.values())):
+            raise InputError(f"--check: {args['check']}: not {{section: {{case name: output}}}} (docs/conform.md)")
+    results = evaluate.check_cases(evaluate.golden_cases(sections), theirs)
+    for section in sections:
+        mine = [r for r in results if r[0] == section]
+        print(f"{section}: {sum(d is None for _, _, d in mine)} of {len(mine)} cases agree")
+        for _, name, d in mine:
+            if d is not None:
+                print(inert(f"  {name}: {d}", one_line=True)[:400])
+    return 0 if all(d is None for _, _, d in results) else 1
+
+
+# -----------------------------------------------------------------------------------------------------------
 # spade-mini eval: a preset's base model, an adapter checkpoint, or a run's latest checkpoint
 
 def add_eval_flags(p: argparse.ArgumentParser) -> None:
@@ -827,6 +870,17 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["play"].add_argument("--actions", default="", help="file with one action per line (non-interactive)")
     p["play"].add_argument("--max-turns", type=positive(int), default=12, help="turn cap")
     p["score"].add_argument("file", help="a JSON file of outcomes (format in docs/score.md)")
+    p["conform"].add_argument("--only", default="", help="comma-separated sections: windows, update, parser, "
+                              "validation ('' -> all)")
+    p["conform"].add_argument("--check", default="", metavar="FILE", help="another implementation's outputs, "
+                              "{section: {case name: output}} (docs/conform.md), instead of this one's")
+    p["conform"].add_argument("--runs", nargs=2, default=None, metavar=("A", "B"), help="compare two runs' "
+                              "metrics.jsonl step by step, or comma-separated runs a side (the parity protocol, "
+                              "docs/conform.md)")
+    p["conform"].add_argument("--tolerance", type=float, default=1e-6, help="--runs: largest absolute difference "
+                              "that agrees")
+    p["conform"].add_argument("--write", action="store_true", help="recompute the golden outputs from their inputs "
+                                                                   "(after a deliberate change: review the diff)")
     add_eval_flags(p["eval"])
     p["report"].add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     parser.commands = p
@@ -842,6 +896,8 @@ def run_command(args: dict) -> int:
                         args["setting"])
     if command == "score":
         return cmd_score(args["file"])
+    if command == "conform":
+        return cmd_conform(args)
     if command == "eval":
         return cmd_eval(argparse.Namespace(**args))
     if command == "report":

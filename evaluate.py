@@ -26,7 +26,9 @@ Self-play trains only on environments the model wrote itself, so its progress mu
 
 A support module (a first read of the method may skip it). Entry points: `evaluate` and `pool_win_rate` (a
 loaded model), `eval_metrics` (flat `eval/...` keys for metrics.jsonl, used by `train --eval-every K`; the
-command line `spade-mini eval` is in cli.py), `environment_stats` (the `env/...` keys of a window's first step).
+command line `spade-mini eval` is in cli.py), `environment_stats` (the `env/...` keys of a window's first step),
+and 5, `conform_case`, `check_cases` and `compare_runs` (`spade-mini conform`: golden cases another implementation
+can be checked against, docs/conform.md).
 """
 from __future__ import annotations
 
@@ -50,10 +52,14 @@ from pathlib import Path
 
 import numpy as np
 import reasoning_gym
+import torch
 
 import envs
 import models
+import regret
+import runs
 import spade_mini
+from runs import InputError
 from sandbox import EnvProcess, Limits, SandboxError
 
 # category -> reasoning-gym generator, each with reasoning-gym 0.1.25's default configuration. Chosen because
@@ -913,3 +919,156 @@ def _bfcl_check(proc: EnvProcess, item: dict, decoded: list) -> tuple[bool, str]
         return out.get("valid") is True, str(out.get("error_type", ""))
     except (SandboxError, AttributeError) as err:
         return False, f"sandbox: {err}"[:200]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 5. conformance (`spade-mini conform`, docs/conform.md): golden cases in conform/*.json, one file per section,
+# each a list of {"name", "input", "output"}, computed by the functions the loop itself calls (regret.score_window,
+# regret.agent_advantages, Episode.append, spade_mini.ppo_clip_loss, envs.to_action, envs.validate); another
+# implementation's outputs checked against them; two runs (or two sides of several runs) compared step by step.
+
+CONFORM_GOLDEN = Path(__file__).resolve().parent / "conform"
+CONFORM_SECTIONS = ("windows", "update", "parser", "validation")
+CONFORM_TOLERANCE = 1e-6                     # absolute, on every number (float32 losses: 1e-6 of values near 1)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# one case -> this implementation's output
+
+def conform_case(section: str, given: dict) -> dict:
+    """The output of one case of `section` (formats in docs/conform.md)."""
+    if section == "windows":
+        return regret.score_window(given["variant"], given["envs"], given.get("mu_slow") or {}, given["window"],
+                                   hang_penalty=given.get("hang_penalty", regret.HANG_PENALTY),
+                                   invalid_reward=given.get("invalid_reward", regret.INVALID_REWARD))
+    if section == "parser":
+        reply = envs.after_thinking(given["reply"]) if given.get("thinking") else given["reply"]
+        return {"action": envs.to_action(reply)}
+    if section == "validation":
+        verdict = envs.validate(given["code"], max_turns=given.get("max_turns", 12), seed=given.get("seed", 0),
+                                fair_games=given.get("fair_games", True))
+        return {"valid": verdict.valid, "reason": verdict.reason, "checks": verdict.checks}
+    if section == "update":
+        return _update_case(given)
+    raise InputError(f"unknown section {section!r} (one of {', '.join(CONFORM_SECTIONS)})")
+
+
+def _update_case(given: dict) -> dict:
+    """An episode's tokens and loss mask (its segments appended as the rollout does), each play's advantage in its
+    group, and the per-token loss of one PPO-clip step over the episode."""
+    episode = spade_mini.Episode(None)
+    for segment in given["segments"]:   # {"ids", "trainable", "logprobs" (trainable ones, optional)}
+        episode.append(segment["ids"], segment["trainable"], segment.get("logprobs"))
+    advantages = regret.agent_advantages(given["returns"], given.get("trained"))
+    row = lambda key: torch.tensor([given[key]], dtype=torch.float64)   # noqa: E731 (B = 1, T)
+    mask = torch.tensor([episode.loss_mask])
+    adv = torch.tensor([advantages[given.get("play", 0)]], dtype=torch.float64)
+    per_sample, stats = spade_mini.ppo_clip_loss(
+        row("logp"), row("old_logp"), mask, adv, clip_low=given.get("clip_low", 0.2),
+        clip_high=given.get("clip_high", 0.28), kl_beta=given.get("kl_beta", 0.0),
+        ref_logp=row("ref_logp") if "ref_logp" in given else None,
+        sampling_logp=torch.tensor([episode.rollout_logprobs], dtype=torch.float64)
+        if episode.rollout_logprobs is not None else None)
+    masked = lambda key: [float(v) if m else 0.0 for v, m in zip(stats[key][0].tolist(), episode.loss_mask)]  # noqa: E731
+    return {"token_ids": episode.token_ids, "loss_mask": episode.loss_mask,
+            "rollout_logprobs": episode.rollout_logprobs, "advantages": advantages,
+            "tis_weight": masked("tis_weight"), "kl": masked("kl"), "per_token_loss": masked("per_token"),
+            "loss": float(per_sample[0]), "clipped_tokens": stats["clipped_tokens"]}
+
+
+# -----------------------------------------------------------------------------------------------------------
+# comparing outputs
+
+def conform_difference(expected, got, where: str = "") -> str | None:
+    """Where `got` first differs from `expected` (numbers within CONFORM_TOLERANCE), or None.
+
+    >>> conform_difference({"a": [1.0, 2.0]}, {"a": [1.0, 2.0000001]}), conform_difference({"a": [1, 2]}, {"a": [1, 3]})
+    (None, 'a[1]: expected 2, got 3')
+    """
+    if isinstance(expected, dict) and isinstance(got, dict):
+        if expected.keys() != got.keys():
+            return f"{where or 'top'}: keys {sorted(expected)} expected, got {sorted(got)}"
+        return next((d for k in expected if (d := conform_difference(expected[k], got[k], f"{where}.{k}".lstrip(".")))),
+                    None)
+    if isinstance(expected, list) and isinstance(got, list):
+        if len(expected) != len(got):
+            return f"{where}: {len(expected)} items expected, got {len(got)}"
+        return next((d for i, (e, g) in enumerate(zip(expected, got)) if (d := conform_difference(e, g, f"{where}[{i}]"))),
+                    None)
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (expected, got))
+    same = math.isclose(expected, got, rel_tol=0, abs_tol=CONFORM_TOLERANCE) if numbers else expected == got
+    return None if same else f"{where}: expected {expected!r}, got {got!r}"
+
+
+def golden_cases(sections=CONFORM_SECTIONS, folder: Path = CONFORM_GOLDEN) -> dict[str, list]:
+    out = {}
+    for section in sections:
+        path = folder / f"{section}.json"
+        try:
+            out[section] = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise InputError(f"{path}: cannot read the golden cases ({type(err).__name__})") from None
+    return out
+
+
+def check_cases(cases: dict[str, list], theirs: dict[str, dict] | None = None) -> list[tuple[str, str, str | None]]:
+    """(section, case name, first difference or None) for every case: this implementation's outputs, or
+    `theirs` ({section: {case name: output}}) when given."""
+    results = []
+    for section, items in cases.items():
+        for case in items:
+            if theirs is None:
+                got = json.loads(json.dumps(conform_case(section, case["input"])))   # as JSON would carry it
+            else:
+                got = theirs.get(section, {}).get(case["name"])
+            results.append((section, case["name"], "missing" if got is None else conform_difference(case["output"], got)))
+    return results
+
+
+def write_golden(sections=CONFORM_SECTIONS, folder: Path = CONFORM_GOLDEN) -> None:
+    """Recompute every case's output from its input (after a deliberate change of a formula: review the diff)."""
+    for section, items in golden_cases(sections, folder).items():
+        for case in items:
+            case["output"] = json.loads(json.dumps(conform_case(section, case["input"])))
+        runs.write_atomic(folder / f"{section}.json", json.dumps(items, indent=1) + "\n")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# the parity protocol: two runs of the same configuration and seeds, step by step
+
+def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERANCE) -> list[dict]:
+    """Per step and metric (both sides log it; perf/ metrics, times and speeds, are left out) of two sides' runs
+    (metrics.jsonl or run directories): with one run a side, both values, which agree within `tolerance`; with
+    several, each side's mean, and they agree when the 95% interval of the difference of means (Welch, normal
+    approximation) holds 0."""
+    def steps(run: Path) -> dict[int, dict]:
+        path = run / "metrics.jsonl" if run.is_dir() else run
+        if not path.exists():
+            raise InputError(f"{path}: no such file (a run directory holds metrics.jsonl)")
+        return {r["step"]: r for r in runs.read_jsonl(path) if "step" in r}
+    left, right = [steps(p) for p in a], [steps(p) for p in b]
+    common = set.intersection(*(set(s) for s in left + right))
+    rows = []
+    for step in sorted(common):
+        names = set.intersection(*(set(s[step]) for s in left + right))
+        for k in sorted(n for n in names if not n.startswith("perf/") and n != "step"):
+            xs, ys = [s[step][k] for s in left], [s[step][k] for s in right]
+            if len(xs) == len(ys) == 1:
+                x, y = xs[0], ys[0]
+                agree = math.isclose(x, y, rel_tol=0, abs_tol=tolerance) if _number(x) and _number(y) else x == y
+                rows.append({"step": step, "metric": k, "a": x, "b": y, "agree": agree})
+            elif all(_number(v) for v in xs + ys):
+                (ma, va), (mb, vb) = _mean_var(xs), _mean_var(ys)
+                half = 1.96 * math.sqrt(va / len(xs) + vb / len(ys))
+                rows.append({"step": step, "metric": k, "a": ma, "b": mb, "agree": abs(ma - mb) <= max(half, tolerance)})
+    return rows
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _mean_var(xs: list[float]) -> tuple[float, float]:
+    """Mean and sample variance (0 for one value)."""
+    m = sum(xs) / len(xs)
+    return m, sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0

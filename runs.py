@@ -74,6 +74,7 @@ class Config:
     agent_max_episode_tokens: int = 1024  # generated tokens per episode, all turns together
     agent_max_observation_tokens: int = 256  # an observation longer than this is cut (tokens, for the plan)
     temperature: float = 0.7            # sampling temperature (log-probs are taken at the same temperature)
+    logprob_temperature: float = 0.0    # the update scores log-probs at this T; 0: --temperature (dep. 28), 1: official
     top_p: float = 0.95                 # nucleus sampling
     top_k: int = 20                     # top-k sampling
     hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)

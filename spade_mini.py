@@ -369,7 +369,8 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, loss_mask: torch.T
     stats = {"clipped_tokens": float(((clipped < unclipped).float() * mask).sum()),
              "kl_sum": float((kl.detach() * mask).sum()), "tokens": float(mask.sum()),
              "is_sum": float((is_ratio * mask).sum()), "is_sq_sum": float((is_ratio ** 2 * mask).sum()),
-             "truncated_tokens": float(((is_ratio > TIS_CAP).float() * mask).sum())}
+             "truncated_tokens": float(((is_ratio > TIS_CAP).float() * mask).sum()),
+             "per_token": per_token.detach(), "tis_weight": is_ratio.clamp(0, TIS_CAP), "kl": kl.detach()}  # (B, T)
     return per_sample, stats
 
 

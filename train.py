@@ -417,7 +417,7 @@ def optimize(st: State, step: int, samples: list) -> dict:
     if not samples:
         return {"loss/policy": None, **counts}
     cfg = st.cfg
-    out = spade_mini.update(st.model, st.optimizer, samples, temperature=cfg.temperature,
+    out = spade_mini.update(st.model, st.optimizer, samples, temperature=cfg.logprob_temperature or cfg.temperature,
                             clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_beta=cfg.kl_beta,
                             token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm,
                             pad_id=st.tok.pad_token_id or 0, updates=cfg.updates_per_step,

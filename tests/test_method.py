@@ -624,3 +624,22 @@ def test_the_update_scores_tokens_at_the_sampling_temperature(monkeypatch):
                          tok=SimpleNamespace(pad_token_id=0))
     train.optimize(st, 0, [sm.Sample([1, 2], [0, 1], 1.0, "agent")])
     assert seen["temperature"] == 0.6
+    st.cfg = runs.Config(temperature=0.6, logprob_temperature=1.0)   # the switch to the official trainer's scoring
+    train.optimize(st, 0, [sm.Sample([1, 2], [0, 1], 1.0, "agent")])
+    assert seen["temperature"] == 1.0
+
+
+def test_scoring_at_temperature_one_gives_fresh_samples_tis_weights_below_one():
+    """--logprob-temperature 1.0 (the official trainer's): tokens drawn at 0.6 and recorded at 0.6, scored by
+    the update at 1.0, so a fresh sample's importance ratio is no longer 1 (the official run's TIS weights
+    average 0.81); at the sampling temperature it is 1."""
+    import torch
+    model, _, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                    gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    ids = [[5, 9, 17, 3, 11, 40, 2, 8]]
+    mask = [0, 0, 0, 1, 1, 1, 1, 1]
+    (recorded,) = sm.sampled_logprobs(model, [(ids[0], mask)], temperature=0.6, token_budget=4096, pad_id=0)
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    ratios = {t: sm.update(model, sgd, [sm.Sample(ids[0], mask, 1.0, "agent", recorded, recorded)], temperature=t,
+                           token_budget=4096, max_grad_norm=1e9)["is_ratio_mean"] for t in (0.6, 1.0)}
+    assert ratios[0.6] == pytest.approx(1.0, abs=1e-5) and abs(ratios[1.0] - 1.0) > 1e-3

@@ -1,0 +1,120 @@
+"""`spade-mini conform`: the golden cases pass on this implementation, hold the hand-computed values of
+docs/conform.md, and catch an implementation that computes a formula differently; `--check` reads another
+implementation's outputs; `--runs` compares two runs step by step."""
+import json
+import math
+
+import pytest
+
+import cli
+import envs
+import evaluate
+import regret
+
+
+def cases(section: str) -> dict:
+    return {c["name"]: c for c in json.loads((evaluate.CONFORM_GOLDEN / f"{section}.json").read_text())}
+
+
+def test_every_golden_case_agrees_with_this_implementation(capsys):
+    assert cli.main(["conform"]) == 0
+    out = capsys.readouterr().out
+    for section in evaluate.CONFORM_SECTIONS:
+        n = len(cases(section))
+        assert f"{section}: {n} of {n} cases agree" in out
+
+
+def test_the_golden_outputs_hold_the_hand_computed_values():
+    update = cases("update")
+    clipped = update["positive_advantage_clipped"]["output"]   # r = e^0.3 > 1.28 with A = +1: clipped
+    assert clipped["loss_mask"] == [0, 0, 1, 1] and clipped["clipped_tokens"] == 1.0
+    assert clipped["per_token_loss"][2:] == pytest.approx([-1.28, -1.0]) and clipped["loss"] == pytest.approx(-1.14)
+    stale = update["two_turns_clipped_and_stale"]["output"]
+    assert stale["tis_weight"][5:] == pytest.approx([math.exp(0.4), math.exp(-2.9)])
+    assert stale["per_token_loss"][5] == pytest.approx(math.exp(0.6) * math.exp(0.4))   # A = -1: r unclipped, x w
+    assert stale["loss"] == pytest.approx((math.exp(0.3) + 1 + math.e + math.exp(-2.9)) / 4)
+    kl = update["kl_term_against_the_reference"]["output"]
+    assert kl["kl"][1] == pytest.approx(math.exp(-0.5) - 0.5) and kl["kl"][3] == 10.0   # k3 of 17, capped
+    assert update["a_reply_without_sampler_log_probs"]["output"]["rollout_logprobs"] is None
+    assert update["a_tied_group_has_no_gradient"]["output"]["loss"] == 0.0
+    windows = cases("windows")
+    (e,) = windows["docs_worked_example"]["output"]["envs"]
+    assert (e["r_hint"], e["r_nohint"], e["designer_reward"]) == (0.75, 0.25, 0.5)
+    hang = windows["hang_at_the_first_step_and_later"]["output"]
+    assert [x["designer_reward"] for x in hang["envs"]] == [-0.5, 0.75, 0.5]
+    assert hang["scale"] == pytest.approx(10 * 2 / 3)
+    lp = windows["learning_potential_with_a_prior"]["output"]
+    assert [x["designer_reward"] for x in lp["envs"]] == pytest.approx([0.1825, 0.3175, 0.0])
+    assert cases("parser")["outer_pair_removed"]["output"]["action"] == r"\boxed{a}{b}"
+    verdicts = {name: c["output"]["reason"] for name, c in cases("validation").items()}
+    assert verdicts["nop_wins_trivial"] == "trivial" and verdicts["oracle_loses_unsolvable"] == "unsolvable"
+    assert verdicts["cups_example_oracle_wins"] == "ok"
+
+
+def test_an_implementation_that_divides_the_designer_advantage_by_the_std_fails(monkeypatch, capsys):
+    real = regret.designer_advantages
+
+    def with_std(rewards, skills, scale):
+        centred = real(rewards, skills, scale)
+        sd = (sum(a * a for a in centred) / len(centred)) ** 0.5 or 1.0
+        return [a / sd for a in centred]
+    monkeypatch.setattr(regret, "designer_advantages", with_std)
+    assert cli.main(["conform", "--only", "windows"]) == 1
+    out = capsys.readouterr().out
+    assert "blend_two_envs_one_skill_window_2: envs[0].designer_advantage" in out
+
+
+def test_a_parser_that_keeps_the_spaces_fails(monkeypatch, capsys):
+    real = envs.to_action
+    monkeypatch.setattr(envs, "to_action", lambda reply: real(reply).replace("{up}", "{ up }"))
+    assert cli.main(["conform", "--only", "parser"]) == 1
+    assert "spaces_stripped: action" in capsys.readouterr().out
+
+
+def test_another_implementations_outputs_are_checked_and_the_first_difference_named(tmp_path, capsys):
+    theirs = {s: {name: c["output"] for name, c in cases(s).items()} for s in ("windows", "parser")}
+    (tmp_path / "theirs.json").write_text(json.dumps(theirs))
+    assert cli.main(["conform", "--only", "windows,parser", "--check", str(tmp_path / "theirs.json")]) == 0
+    theirs["windows"]["docs_worked_example"]["envs"][0]["regret"] = 0.4
+    del theirs["parser"]["unclosed"]
+    (tmp_path / "theirs.json").write_text(json.dumps(theirs))
+    assert cli.main(["conform", "--only", "windows,parser", "--check", str(tmp_path / "theirs.json")]) == 1
+    out = capsys.readouterr().out
+    assert "docs_worked_example: envs[0].regret: expected 0.5, got 0.4" in out and "unclosed: missing" in out
+
+
+@pytest.mark.parametrize("argv, said", [(["--only", "rewards"], "unknown section 'rewards'"),
+                                        (["--check", "/nonexistent.json"], "no such file")])
+def test_bad_conform_input_is_one_line_and_exit_2(argv, said, capsys):
+    assert cli.main(["conform", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spade-mini: error:") and said in err and "\n" not in err
+
+
+def write_run(path, values: list[dict]):
+    path.mkdir()
+    lines = [{"config": {}}] + [{"step": k, "perf/step_s": 9.0 + k, **v} for k, v in enumerate(values)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_two_runs_are_compared_step_by_step_leaving_out_times(tmp_path, capsys):
+    write_run(tmp_path / "a", [{"loss/policy": 0.5, "skills": ["A"]}, {"loss/policy": 0.25, "skills": ["B"]}])
+    write_run(tmp_path / "b", [{"loss/policy": 0.5, "skills": ["A"]}, {"loss/policy": 0.25, "skills": ["B"]}])
+    assert cli.main(["conform", "--runs", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert "4 of 4 values agree over 2 common steps" in capsys.readouterr().out
+    write_run(tmp_path / "c", [{"loss/policy": 0.5, "skills": ["A"]}, {"loss/policy": 0.3, "skills": ["B"]}])
+    assert cli.main(["conform", "--runs", str(tmp_path / "a"), str(tmp_path / "c")]) == 1
+    assert "step 1 loss/policy: 0.25 vs 0.3" in capsys.readouterr().out
+
+
+def test_several_runs_a_side_agree_when_the_interval_of_the_difference_holds_zero(tmp_path):
+    """Side a: 0.4, 0.5, 0.6 (mean 0.5, variance 0.01); side b: 0.5, 0.6, 0.7 (mean 0.6): the half-width is
+    1.96 * sqrt(0.01/3 + 0.01/3) = 0.16 > 0.1, so they agree; b at 0.9, 1.0, 1.1 (mean 1.0) does not."""
+    for name, x in [("a0", 0.4), ("a1", 0.5), ("a2", 0.6), ("b0", 0.5), ("b1", 0.6), ("b2", 0.7),
+                    ("c0", 0.9), ("c1", 1.0), ("c2", 1.1)]:
+        write_run(tmp_path / name, [{"agent/return_nohint": x}])
+    side = lambda p: [tmp_path / f"{p}{k}" for k in range(3)]   # noqa: E731
+    (row,) = evaluate.compare_runs(side("a"), side("b"))
+    assert row["agree"] and row["a"] == pytest.approx(0.5) and row["b"] == pytest.approx(0.6)
+    (row,) = evaluate.compare_runs(side("a"), side("c"))
+    assert not row["agree"]
