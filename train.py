@@ -76,7 +76,7 @@ class Design:
     text: str
     code: str | None
     verdict: envs.Verdict
-    logprobs: list | None = None        # samples: the sampling policy's log-probs of completion_ids (TIS)
+    logprobs: list | None = None        # samples (R > 1): the sampling policy's log-probs of completion_ids (TIS)
     rollout_logprobs: list | None = None  # samples: what the sampler recorded for them (the mismatch metric)
     advantage: float = 0.0              # rejected ones under --invalid-samples: score_window's designer advantage
 
@@ -207,8 +207,10 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting,
                                                                     seeds, cfg.fair_games),
                                           shown)   # a repeat of an example in the prompt is no new environment
-        # trained R - 1 updates later: TIS needs these (the rejected ones too where they are samples)
-        sampled = [o for o, v in zip(outs, verdicts) if v.valid or cfg.invalid_samples]
+        # trained R - 1 updates later: TIS needs the sampling policy's log-probs (the rejected ones' too where they
+        # are samples). At R = 1 no update comes between: pi_old is that policy, which the update scores itself
+        stale = cfg.regen_interval > 1
+        sampled = [o for o, v in zip(outs, verdicts) if stale and (v.valid or cfg.invalid_samples)]
         logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
             o.prompt_ids) + [1] * len(o.completion_ids)) for o in sampled], temperature=cfg.temperature,
             token_budget=cfg.token_budget, pad_id=st.tok.pad_token_id or 0,
@@ -217,7 +219,7 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
             sample = verdict.valid or cfg.invalid_samples
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]), out.prompt_ids,
                                    out.completion_ids, out.text, code, verdict,
-                                   next(logprobs)[len(out.prompt_ids):] if sample else None,
+                                   next(logprobs)[len(out.prompt_ids):] if sample and stale else None,
                                    out.logprobs if sample else None))
             if verdict.valid:
                 filled.add(g)

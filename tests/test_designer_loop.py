@@ -360,21 +360,48 @@ def test_a_rejected_program_is_a_designer_sample_with_a_negative_advantage_only_
 
 
 def test_the_loop_trains_a_rejected_program_with_the_log_probs_it_was_sampled_with(tmp_path):
-    """End to end under --invalid-samples, one window of one step: the scripted designer's broken program (slot 1's
-    first attempt) is logged as an invalid entry of the window and reaches the update as a designer sample with
-    a negative advantage (its skill's valid games earn >= 0 under blend) and the sampling log-probs design()
-    took for it (negative on its tokens, 0 on the prompt)."""
+    """End to end under --invalid-samples, one window of two steps: the scripted designer's broken program (slot
+    1's first attempt) is logged as an invalid entry of the window and reaches the window's last update as a
+    designer sample with a negative advantage (its skill's valid games earn >= 0 under blend) and the sampling
+    log-probs design() took for it (negative on its tokens, 0 on the prompt)."""
     out = tmp_path / "run"
-    args = ARGS[:ARGS.index("--regen-interval")] + ["--regen-interval", "1", "--steps", "1", "--designer-reward",
-                                                    "blend", "--train-bf16", "off", "--no-play-guard"]
+    args = ARGS[:ARGS.index("--steps")] + ["--steps", "2", "--designer-reward", "blend", "--train-bf16", "off",
+                                           "--no-play-guard"]
     with pytest.MonkeyPatch.context() as mp:
         designer = ScriptedDesigner(mp)
         assert cli.main(["train", *args, "--invalid-samples", "--out", str(out)]) == 0
     (window,) = [r for r in lines(out / "samples.jsonl") if r["kind"] == "window"]
     assert [bool(e.get("invalid")) for e in window["input"]["envs"]] == [False, False, True]
     assert window["output"]["envs"][2]["designer_reward"] == regret.INVALID_REWARD
-    (samples,) = designer.updates
-    (broken,) = [s for s in samples if s.role == "designer" and s.advantage < 0]
+    (broken,) = [s for s in designer.updates[-1] if s.role == "designer" and s.advantage < 0]
     assert broken.advantage == pytest.approx(window["output"]["envs"][2]["designer_advantage"])
     assert len(broken.sampling_logprobs) == len(broken.token_ids)
     assert all((lp < 0) == bool(m) for lp, m in zip(broken.sampling_logprobs[1:], broken.loss_mask[1:]))
+
+
+def test_at_a_window_of_one_step_design_scores_no_log_probs_and_the_update_is_the_same(tmp_path):
+    """R = 1: the designer's samples are trained at the step that sampled them, so pi_old is the sampling policy
+    and design() computes no sampling log-probs (a forward of every program: ~150 s a window for the 1.5B
+    preset). The update then weighs them by w = 1 itself; fed the log-probs design() would have computed, it
+    gives the same loss and gradient."""
+    out = tmp_path / "run"
+    args = ARGS[:ARGS.index("--regen-interval")] + ["--regen-interval", "1", "--steps", "1", "--designer-reward",
+                                                    "blend", "--train-bf16", "off", "--no-play-guard"]
+    with pytest.MonkeyPatch.context() as mp:
+        designer = ScriptedDesigner(mp)
+        assert cli.main(["train", *args, "--invalid-samples", "--out", str(out)]) == 0
+    samples = [s for s in designer.updates[0] if s.role == "designer"]
+    assert samples and all(s.sampling_logprobs is None for s in samples)   # the stand-in records no rollout ones
+    model, _, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                    gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
+    scored = sm.sampled_logprobs(model, [(s.token_ids, s.loss_mask) for s in samples], temperature=0.7,
+                                 token_budget=4096, pad_id=0)
+    results = []
+    for given in (None, scored):
+        batch = [sm.Sample(s.token_ids, s.loss_mask, s.advantage, "designer", g) for s, g in
+                 zip(samples, given or [None] * len(samples))]
+        model.zero_grad()
+        sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+        results.append(sm.update(model, sgd, batch, temperature=0.7, token_budget=4096, max_grad_norm=1e9))
+    assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-6)
+    assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-5)
