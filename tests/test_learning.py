@@ -54,9 +54,12 @@ def test_self_play_steps_raise_the_return_from_chance_to_at_least_0_8(tmp_path, 
 
 
 def test_with_the_advantage_sign_flipped_the_return_falls_instead(tmp_path, monkeypatch):
+    """Flipped, the return falls to at most 4 wins of 16 at steps 2 and 3 (measured: 0.44, 0.25, 0.19, 0.19). A
+    null update (learning rate 0) stays near chance (0.44, 0.44, 0.38, 0.31) and fails this bar, as the
+    unflipped run does: the test is about the update's direction, not about the return merely moving."""
     returns = returns_over_steps(tmp_path, 4, -1.0, monkeypatch)
     assert 0.2 <= returns[0] <= 0.7, returns
-    assert max(returns[2:]) < 0.8 and returns[-1] < returns[0], returns   # the bar above fails, and it unlearns
+    assert max(returns[2:]) <= 0.25, returns   # it unlearns: below what no update at all gives
 
 
 # Learning beyond format: which reply wins is read from the observation. Each reset seed draws a side; the
@@ -105,8 +108,11 @@ def test_self_play_steps_learn_to_read_the_observation_beyond_chance(tmp_path, m
 
 
 def test_with_the_advantage_sign_flipped_the_observation_is_not_learned(tmp_path, monkeypatch):
+    """Flipped, the last two steps fall below the bar mirrored under a coin, 0.5 - 3 * 0.0625 = 0.3125 (measured:
+    0.41, 0.09, 0.03, 0, 0): the policy learns the cue the wrong way round. A null update (learning rate 0)
+    stays at 0.41-0.44 (some replies are cut and lose on both sides) and fails this bar."""
     returns = cue_returns(tmp_path, -1.0, monkeypatch)
-    assert last_steps_mean(returns) < 0.5, returns       # the bar above fails: the return goes the other way
+    assert last_steps_mean(returns) < 1 - CUE_BAR, returns   # the return goes the other way, beyond chance
 
 
 def test_the_learning_bench_keeps_one_copy_per_distinct_program_and_says_where_each_was_played(tmp_path):
