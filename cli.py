@@ -160,6 +160,10 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--top-p must be in (0, 1] (got {cfg.top_p})")
     if cfg.hint_temperature < 0:
         raise InputError(f"--hint-temperature must be >= 0 (0 = greedy; got {cfg.hint_temperature})")
+    if not cfg.logprob_temperature >= 0:
+        raise InputError(f"--logprob-temperature must be >= 0 (0 = --temperature; got {cfg.logprob_temperature})")
+    if not math.isfinite(cfg.invalid_reward):
+        raise InputError(f"--invalid-reward must be a finite number (got {cfg.invalid_reward})")
     if cfg.plays < 2:
         raise InputError("--plays must be >= 2: the agent advantage is a z-score within an environment's plays")
     for path, flag in ((cfg.corpus, "--corpus"), (cfg.env_pool, "--env-pool"), (cfg.eval_pool, "--eval-pool"),
@@ -584,8 +588,9 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
             fail(f"{where}.invalid", "true or false (a rejected program, no plays: the designer reward is "
                  "invalid_reward)")
         steps = e.get("unhinted", [] if e.get("invalid") else None)
-        if e.get("invalid") and steps != []:
-            fail(f"{where}.unhinted", "[] or absent for an invalid program (it was never played)")
+        if e.get("invalid") and (steps != [] or e.get("hinted", []) != [] or hung_step is not None or e.get("caught")):
+            fail(f"{where}.invalid", "an entry without plays: unhinted and hinted [] or absent, hung_step null, "
+                 "caught false (a rejected program was never played)")
         if not (isinstance(steps, list) and len(steps) <= data["window"]
                 and (e.get("invalid") or steps and (steps[0] or hung_step == 0))):
             fail(f"{where}.unhinted", f"a list of 1 to {data['window']} lists (one per step of the window), the "
@@ -638,10 +643,11 @@ def cmd_conform(args: dict) -> int:
         sides = [[Path(p) for p in side.split(",") if p] for side in args["runs"]]
         rows = evaluate.compare_runs(*sides, tolerance=args["tolerance"])
         apart = [r for r in rows if not r["agree"]]
-        for r in apart[:50]:
+        for r in apart[:50]:   # the first 50
             print(inert(f"step {r['step']} {r['metric']}: {r['a']!r} vs {r['b']!r}", one_line=True))
-        steps = len({r["step"] for r in rows})
-        print(f"{len(rows) - len(apart)} of {len(rows)} values agree over {steps} common steps")
+        steps = len({r["step"] for r in rows if r["metric"] != "(logged by one side only)"})
+        print(f"{len(rows) - len(apart)} of {len(rows)} values agree over {steps} common steps"
+              + (f" ({len(apart) - 50} more differences not shown)" if len(apart) > 50 else ""))
         return 0 if rows and not apart else 1
     sections = [s for s in args["only"].split(",") if s] or list(evaluate.CONFORM_SECTIONS)
     if unknown := [s for s in sections if s not in evaluate.CONFORM_SECTIONS]:

@@ -207,9 +207,9 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting,
                                                                     seeds, cfg.fair_games),
                                           shown)   # a repeat of an example in the prompt is no new environment
-        # trained R - 1 updates later: TIS needs the sampling policy's log-probs (the rejected ones' too where they
-        # are samples). At R = 1 no update comes between: pi_old is that policy, which the update scores itself
-        stale = cfg.regen_interval > 1
+        # trained R - 1 updates later: TIS needs the sampling policy's log-probs (rejected ones' too, if samples);
+        # in a window of one step pi_old is that policy, scored by the update (unless at --logprob-temperature)
+        stale = min(cfg.regen_interval, cfg.steps - step) > 1 or cfg.logprob_temperature not in (0, cfg.temperature)
         sampled = [o for o, v in zip(outs, verdicts) if stale and (v.valid or cfg.invalid_samples)]
         logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
             o.prompt_ids) + [1] * len(o.completion_ids)) for o in sampled], temperature=cfg.temperature,
@@ -344,7 +344,7 @@ def score(st: State, window: Window) -> list[dict]:
                  "envs": [dict(skill=e.skill, hung_step=e.hung_step, hinted=e.hinted, unhinted=e.unhinted,
                                trained=e.trained, caught=bool(e.stats.get("guard")))   # the play guard's finding
                           for e in chosen] + [dict(skill=d.skill, hung_step=None, hinted=[], unhinted=[],
-                                                   invalid=True) for d in rejected],
+                                                   invalid=True, slot=d.slot, attempt=d.attempt) for d in rejected],
                  "mu_slow": dict(st.mu_slow)}   # score's input
         out = regret.score_window(given["variant"], given["envs"], given["mu_slow"], given["window"],
                                   hang_penalty=given["hang_penalty"], invalid_reward=given["invalid_reward"])

@@ -109,14 +109,17 @@ def window_rows(run: Path) -> list[dict]:
         window = next((s for s in samples if s["kind"] == "window" and s["start"] == start and s["designed"]), None)
         played = {s["env_id"]: _env_row(s, window["input"]["envs"][k] if window else None)
                   for k, s in enumerate(played)}
-        # --invalid-samples: the rejected programs follow the played ones in the window record, in design order
+        # --invalid-samples: the rejected programs' entries in the window record, by slot and attempt (older runs
+        # logged neither: then in design order, which holds while every rejected program wrote a token)
         scored = zip(window["input"]["envs"], window["output"]["envs"]) if window else []
-        rejected = iter([out for given, out in scored if given.get("invalid")])
+        paid_for = [(given.get("slot"), given.get("attempt"), out) for given, out in scored if given.get("invalid")]
+        in_order = iter(out for _, _, out in paid_for)
         programs = []
         for d in designs:
             fresh, similarity = novel(d["code"], earlier) if d["verdict"]["valid"] else (False, None)
             env = played.get(f"env_{start:05d}_{d['slot']:02d}") if d["verdict"]["valid"] else None
-            paid = None if d["verdict"]["valid"] else next(rejected, None)
+            keyed = [out for slot, attempt, out in paid_for if (slot, attempt) == (d["slot"], d["attempt"])]
+            paid = None if d["verdict"]["valid"] else keyed[0] if keyed else next(in_order, None)
             programs.append({"slot": d["slot"], "skill": d["skill"], "valid": d["verdict"]["valid"],
                              "reason": d["verdict"]["reason"], "novel": fresh, "max_similarity": similarity,
                              "class": d["verdict"].get("class_name"), "env": env,

@@ -574,3 +574,11 @@ def test_validate_json_says_not_run_for_checks_never_reached_and_names_the_file(
 
 def test_dot_venv_is_ignored_by_git():
     assert ".venv/" in (ROOT / ".gitignore").read_text().split()
+
+
+@pytest.mark.parametrize("flag, value, said", [("logprob_temperature", -1.0, "--logprob-temperature must be >= 0"),
+                                               ("invalid_reward", float("nan"), "--invalid-reward must be a finite")])
+def test_a_negative_logprob_temperature_or_a_nan_invalid_reward_is_refused(flag, value, said):
+    """-1 scored silently at T = 1 (token_logprobs falls back for T <= 0); NaN would reach every advantage."""
+    with pytest.raises(runs.InputError, match=said):
+        cli.check_config(None, runs.Config(**{flag: value}))

@@ -118,3 +118,24 @@ def test_several_runs_a_side_agree_when_the_interval_of_the_difference_holds_zer
     assert row["agree"] and row["a"] == pytest.approx(0.5) and row["b"] == pytest.approx(0.6)
     (row,) = evaluate.compare_runs(side("a"), side("c"))
     assert not row["agree"]
+
+
+def test_another_sandboxs_verdicts_are_compared_by_valid_and_reason_not_by_check_names(tmp_path, capsys):
+    """docs/conform.md: another sandbox may name its checks differently; --check compares its verdicts."""
+    theirs = {"validation": {name: {"valid": c["output"]["valid"], "reason": c["output"]["reason"],
+                                    "checks": {"compiles": True}} for name, c in cases("validation").items()}}
+    (tmp_path / "theirs.json").write_text(json.dumps(theirs))
+    assert cli.main(["conform", "--only", "validation", "--check", str(tmp_path / "theirs.json")]) == 0
+    theirs["validation"]["nop_wins_trivial"]["reason"] = "ok"
+    (tmp_path / "theirs.json").write_text(json.dumps(theirs))
+    assert cli.main(["conform", "--only", "validation", "--check", str(tmp_path / "theirs.json")]) == 1
+    assert "nop_wins_trivial: reason: expected 'trivial', got 'ok'" in capsys.readouterr().out
+
+
+def test_a_run_that_stopped_early_does_not_agree_and_an_empty_side_is_refused(tmp_path, capsys):
+    write_run(tmp_path / "a", [{"loss/policy": 0.5}, {"loss/policy": 0.25}])
+    write_run(tmp_path / "b", [{"loss/policy": 0.5}])
+    assert cli.main(["conform", "--runs", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    assert "step 1 (logged by one side only)" in capsys.readouterr().out
+    assert cli.main(["conform", "--runs", ",", str(tmp_path / "b")]) == 2
+    assert "each side needs at least one run" in capsys.readouterr().err

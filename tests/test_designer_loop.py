@@ -381,8 +381,8 @@ def test_the_loop_trains_a_rejected_program_with_the_log_probs_it_was_sampled_wi
 
 def test_at_a_window_of_one_step_design_scores_no_log_probs_and_the_update_is_the_same(tmp_path):
     """R = 1: the designer's samples are trained at the step that sampled them, so pi_old is the sampling policy
-    and design() computes no sampling log-probs (a forward of every program: ~150 s a window for the 1.5B
-    preset). The update then weighs them by w = 1 itself; fed the log-probs design() would have computed, it
+    and design() computes no sampling log-probs (a forward of every program: ~40 s a program for the 1.5B
+    preset on a 2-core CPU). The update then weighs them by w = 1 itself; fed the log-probs design() would have computed, it
     gives the same loss and gradient."""
     out = tmp_path / "run"
     args = ARGS[:ARGS.index("--regen-interval")] + ["--regen-interval", "1", "--steps", "1", "--designer-reward",
@@ -405,3 +405,17 @@ def test_at_a_window_of_one_step_design_scores_no_log_probs_and_the_update_is_th
         results.append(sm.update(model, sgd, batch, temperature=0.7, token_budget=4096, max_grad_norm=1e9))
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], abs=1e-6)
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-5)
+
+
+def test_at_a_window_of_one_step_log_probs_are_still_scored_for_another_logprob_temperature(tmp_path):
+    """--logprob-temperature 1.0 with sampling at 0.7: the update scores pi_old at 1.0, so a designer sample
+    needs the sampling policy's log-probs (at 0.7) even in a window of one step, or its TIS weight would be 1
+    where the agent's is not."""
+    out = tmp_path / "run"
+    args = ARGS[:ARGS.index("--regen-interval")] + ["--regen-interval", "1", "--steps", "1", "--designer-reward",
+                                                    "blend", "--train-bf16", "off", "--no-play-guard"]
+    with pytest.MonkeyPatch.context() as mp:
+        designer = ScriptedDesigner(mp)
+        assert cli.main(["train", *args, "--invalid-samples", "--logprob-temperature", "1.0", "--out", str(out)]) == 0
+    samples = [s for s in designer.updates[0] if s.role == "designer"]
+    assert samples and all(len(s.sampling_logprobs) == len(s.token_ids) for s in samples)

@@ -260,8 +260,10 @@ def test_score_command_prints_the_hand_computed_window_scores(tmp_path, capsys):
     ({"variant": "regret", "window": 1, "envs": [{"skill": "A", "unhinted": [[0]], "trained": [[1]]}]}, "trained"),
     ({"variant": "regret", "window": 1, "mu_slow": {"A": "high"}, "envs": [{"skill": "A", "unhinted": [[0]]}]},
      "mu_slow"),
-    ({"variant": "regret", "window": 1, "envs": [{"skill": "A", "invalid": True, "unhinted": [[0]]}]}, "unhinted"),
+    ({"variant": "regret", "window": 1, "envs": [{"skill": "A", "invalid": True, "unhinted": [[0]]}]}, "invalid"),
     ({"variant": "regret", "window": 1, "envs": [{"skill": "A", "invalid": 1, "unhinted": []}]}, "invalid"),
+    ({"variant": "regret", "window": 1, "envs": [{"skill": "A", "invalid": True, "hinted": [1, 1]}]}, "invalid"),
+    ({"variant": "regret", "window": 1, "envs": [{"skill": "A", "invalid": True, "hung_step": 0}]}, "invalid"),
     ({"variant": "regret", "window": 1, "invalid_reward": "low", "envs": [{"skill": "A", "unhinted": [[0]]}]},
      "invalid_reward"),
 ])
