@@ -645,7 +645,7 @@ def cmd_conform(args: dict) -> int:
         apart = [r for r in rows if not r["agree"]]
         for r in apart[:50]:   # the first 50
             print(inert(f"step {r['step']} {r['metric']}: {r['a']!r} vs {r['b']!r}", one_line=True))
-        steps = len({r["step"] for r in rows if r["metric"] != "(logged by one side only)"})
+        steps = len({r["step"] for r in rows if r["metric"] != evaluate.ONE_SIDE_ONLY})
         print(f"{len(rows) - len(apart)} of {len(rows)} values agree over {steps} common steps"
               + (f" ({len(apart) - 50} more differences not shown)" if len(apart) > 50 else ""))
         return 0 if rows and not apart else 1

@@ -41,6 +41,7 @@ import math
 import os
 import random
 import re
+import statistics
 import sys
 import time
 import unicodedata
@@ -1041,6 +1042,9 @@ def write_golden(sections=CONFORM_SECTIONS, folder: Path = CONFORM_GOLDEN) -> No
 # -----------------------------------------------------------------------------------------------------------
 # the parity protocol: two runs of the same configuration and seeds, step by step
 
+ONE_SIDE_ONLY = "(logged by one side only)"   # compare_runs' row for a step only one side logged
+
+
 def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERANCE) -> list[dict]:
     """Per step and metric (both sides log it; perf/ metrics, times and speeds, are left out) of two sides' runs
     (metrics.jsonl or run directories): with one run a side, both values, which agree within `tolerance`; with
@@ -1055,7 +1059,7 @@ def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERA
         raise InputError("--runs: each side needs at least one run (comma-separated for several)")
     left, right = [steps(p) for p in a], [steps(p) for p in b]
     common = set.intersection(*(set(s) for s in left + right))
-    rows = [{"step": step, "metric": "(logged by one side only)", "a": None, "b": None, "agree": False}
+    rows = [{"step": step, "metric": ONE_SIDE_ONLY, "a": None, "b": None, "agree": False}
             for step in sorted(set.union(*(set(s) for s in left + right)) - common)]
     for step in sorted(common):
         names = set.intersection(*(set(s[step]) for s in left + right))
@@ -1066,8 +1070,9 @@ def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERA
                 agree = math.isclose(x, y, rel_tol=0, abs_tol=tolerance) if _number(x) and _number(y) else x == y
                 rows.append({"step": step, "metric": k, "a": x, "b": y, "agree": agree})
             elif all(_number(v) for v in xs + ys):
-                (ma, va), (mb, vb) = _mean_var(xs), _mean_var(ys)
-                half = 1.96 * math.sqrt(va / len(xs) + vb / len(ys))
+                ma, mb = statistics.fmean(xs), statistics.fmean(ys)
+                var = lambda v: statistics.variance(v) if len(v) > 1 else 0.0   # noqa: E731 (sample variance)
+                half = 1.96 * math.sqrt(var(xs) / len(xs) + var(ys) / len(ys))
                 rows.append({"step": step, "metric": k, "a": ma, "b": mb, "agree": abs(ma - mb) <= max(half, tolerance)})
     return rows
 
@@ -1075,8 +1080,3 @@ def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERA
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
-
-def _mean_var(xs: list[float]) -> tuple[float, float]:
-    """Mean and sample variance (0 for one value)."""
-    m = sum(xs) / len(xs)
-    return m, sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0

@@ -180,6 +180,9 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
     each rank designs its share of the slots, and every rank returns all the attempts."""
     cfg, attempts, filled = st.cfg, [], set()
     use_memory = not (cfg.no_memory or cfg.no_designer_training)
+    # trained R - 1 updates later: TIS needs the sampling policy's log-probs (rejected ones' too, if samples);
+    # in a window of one step pi_old is that policy, scored by the update (unless at --logprob-temperature)
+    stale = min(cfg.regen_interval, cfg.steps - step) > 1 or cfg.logprob_temperature not in (0, cfg.temperature)
     for attempt in range(cfg.design_attempts):
         slots = [g for g in models.my_share(range(cfg.envs_per_step)) if g not in filled]
         if not slots:
@@ -207,9 +210,6 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting,
                                                                     seeds, cfg.fair_games),
                                           shown)   # a repeat of an example in the prompt is no new environment
-        # trained R - 1 updates later: TIS needs the sampling policy's log-probs (rejected ones' too, if samples);
-        # in a window of one step pi_old is that policy, scored by the update (unless at --logprob-temperature)
-        stale = min(cfg.regen_interval, cfg.steps - step) > 1 or cfg.logprob_temperature not in (0, cfg.temperature)
         sampled = [o for o, v in zip(outs, verdicts) if stale and (v.valid or cfg.invalid_samples)]
         logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
             o.prompt_ids) + [1] * len(o.completion_ids)) for o in sampled], temperature=cfg.temperature,
