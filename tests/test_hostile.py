@@ -1339,6 +1339,19 @@ def test_no_memory_outside_the_address_space_limit_past_the_audit_hook(hook_defe
     assert during - before < 16 and after - before < 16, (before, during, after)
 
 
+@needs("minimal_filesystem")
+def test_dev_and_dev_shm_are_mounted_read_only_whoever_runs_the_trainer(hook_defeated):
+    """The POSIX shared-memory case above also holds as root without the remount, because there the child's
+    uid owns nothing in /dev; as a plain user bwrap's /dev (and /dev/shm in it) is the child's own writable
+    tmpfs. The mount flag itself is what must hold for both."""
+    code = env(reset='''
+        import os
+        return [os.statvfs(path).f_flag & os.ST_RDONLY for path in ("/dev", "/dev/shm")], {}''')
+    with EnvProcess(code, {}, Limits(call_timeout=10.0)) as child:
+        flags = child.call("reset", 0)[0]
+    assert flags == [os.ST_RDONLY, os.ST_RDONLY], flags
+
+
 @needs("syscall_filter")
 def test_memfds_and_the_private_tmpfs_hold_at_most_their_bounds_past_the_audit_hook(hook_defeated):
     """What the child may hold outside RLIMIT_AS, and binds: memfds, at most RLIMIT_NOFILE of RLIMIT_FSIZE each
@@ -1414,6 +1427,22 @@ def test_no_host_wide_memory_or_load_counter_in_view_past_the_audit_hook(hook_de
         return out, {}''')
     out = attack(code)[0]
     assert out.pop("sysinfo") == errno.EPERM and set(out.values()) == {errno.ENOENT}, out
+
+
+def test_the_load_channel_bench_runs_and_decodes(tmp_path):
+    """bench/channel_bench.py, which measures what remains (the machine's load, timed: docs/sandbox.md), runs its
+    two environments in the sandbox as play does and scores what the receiver's reply decodes to; its doctests
+    (the entropy, the median decoder) hold. The capacity itself is the machine's, not asserted."""
+    import doctest
+    import importlib.util
+    import random
+    spec = importlib.util.spec_from_file_location(
+        "channel_bench", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "channel_bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert doctest.testmod(bench).failed == 0
+    row = bench.measure(0.05, 8, 1, 1, Limits(), random.Random(0))
+    assert row["bits_sent"] == 8 and 0 <= row["bit_errors"] <= 8 and row["capacity_bits_per_s"] >= 0, row
 
 
 # Class 15: a tripwire cannot be silenced by a thread. A red team filled the crash pipe, then made a refused open()
