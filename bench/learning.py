@@ -61,7 +61,8 @@ TRAIN = dict(preset="tiny", steps=30, envs_per_step=2, plays=16, hinted_plays=0,
 CURVES = ["agent/return_nohint", "agent/win_rate", "agent/cut_share", "agent/action_share",
           "agent/refuted_repeat_share", "agent/echo_share", "agent/first_reply_tokens", "agent/reply_tokens"]
 SCRIPTED = ("random", "random_no_repeat", "example_action", "oracle")
-VALID = {"cups": lambda obs: ["1", "2", "3"], "doors": lambda obs: list("ABCD"), "coin": lambda obs: ["left", "right"],
+VALID = {"cups": lambda obs: ["1", "2", "3"], "cups_unlisted": lambda obs: ["1", "2", "3"],
+         "doors": lambda obs: list("ABCD"), "coin": lambda obs: ["left", "right"],
          "hilo": lambda obs: [str(n) for n in range(1, 8)],
          "largest": lambda obs: re.findall(r"\d+", obs.split("Numbers:")[-1].split("]")[0])}
 
@@ -225,6 +226,7 @@ def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> dict:
                                       seed=cfg.seed)
     model.eval()
     out, sets, real = {}, (("seen", seen, args.seen_files), ("unseen", unseen, args.unseen_files)), models.generate_turn
+    out["_update_dtype"] = "bfloat16" if models.bf16_autocast(cfg.train_bf16, model) else str(model.dtype).split(".")[-1]
     for label in ("base", "base_format_controlled", "trained"):
         if label == "trained":
             models.load_adapter(model, sorted((run_dir / "checkpoints").glob("step_*"))[-1])
@@ -243,6 +245,17 @@ def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> dict:
         for policy, episodes in scripted.items():
             out.setdefault(policy, {})[name] = episodes
     return out
+
+
+def machine_text() -> str:
+    """The CPU's model name, its cores and whether it has native bf16 (cli.machine)."""
+    cores, bf16 = cli.machine()
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        name = "unknown CPU"
+    return f"{name}, {cores} cores, {'native' if bf16 else 'no native'} bf16"
 
 
 def figure(path: Path, records: list[dict], result: dict) -> None:
@@ -282,7 +295,8 @@ def arms_of(by_arm: dict) -> list[tuple[str, dict]]:
 def markdown(result: dict, records: list[dict]) -> str:
     lines = [f"# Learning: {result['steps']} self-play steps, base vs trained on held-out seeds", "",
              f"`{result['command']}` at commit {result['commit']}, {result['wall_s'] / 60:.1f} min wall "
-             f"({result['load']}).", "",
+             f"({result['load']}); {result.get('machine', 'machine not recorded')}, the update in "
+             f"{result.get('update_dtype', 'a dtype not recorded')}.", "",
              "| set | arm | n | mean return | 95% CI | refuted repeats | echoes | first reply tokens | cut share |"
              " action share |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in ("seen", "unseen"):
@@ -354,6 +368,9 @@ def main() -> None:
               "config": {k: getattr(cfg, k) for k in ("model", "steps", "envs_per_step", "plays", "max_turns", "lr",
                                                        "agent_max_new_tokens", "agent_max_episode_tokens", "temperature",
                                                        "agent_reply_prefix", "generate_bf16", "train_bf16")},
+              # what --train-bf16 auto resolved to here: the update's dtype, and the machine that decided it (two
+              # machines give different adapters when one updates in bf16 and the other in fp32)
+              "update_dtype": played.pop("_update_dtype"), "machine": machine_text(),
               **{s: compare({label: by_set[s] for label, by_set in played.items()}, rng,
                             [files[c.key[0]].stem for c in chosen])
                  for s, chosen, files in (("seen", seen, seen_files), ("unseen", unseen, unseen_files))}}
