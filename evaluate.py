@@ -428,6 +428,11 @@ def statement_shapes(code: str) -> collections.Counter:
     return shapes
 
 
+def _held_share(shapes: collections.Counter, reference: collections.Counter) -> float:
+    """The share of a reference's statements (statement_shapes, with multiplicity) that a program holds too."""
+    return sum((shapes & reference).values()) / max(1, sum(reference.values()))
+
+
 def copy_similarity(code: str, references: list[str]) -> float:
     """The largest share, over the references, of a reference's statements that the program holds too
     (statement_shapes, counted with multiplicity): 1.0 for a copy however renamed, reworded, reordered or
@@ -440,26 +445,117 @@ def copy_similarity(code: str, references: list[str]) -> float:
     (0.5, 0.0)
     """
     shapes = statement_shapes(code)
-    shares = [sum((shapes & ref).values()) / max(1, sum(ref.values())) for ref in map(statement_shapes, references)]
-    return max(shares, default=0.0)
+    return max((_held_share(shapes, ref) for ref in map(statement_shapes, references)), default=0.0)
 
 
-def reject_copies(codes: list, verdicts: list, shown: list[list[str]]) -> list:
-    """A valid program that repeats an example its prompt showed (the in-context example, a memory example)
-    is not a new environment: its verdict becomes `copy`, so copying never earns regret or a memory place. A
-    valid program the trainer will not walk (bounded_tree: `too_large`, `too_deep`) is refused with that reason
-    before any comparison, so that no program can make the check raise or stall the trainer."""
+BEHAVIOUR_SIMILARITY = 0.25   # a reference holding less of its statements in the program is not played against it
+BEHAVIOUR_SEEDS = 32          # seeds at which a program and a reference are played side by side
+BEHAVIOUR_WRONG = 4           # a seed's wrong answers: the reference's solutions at this many of the other seeds
+
+
+def _outcomes(env: EnvProcess, seed: int, actions: list[str], turns: int) -> list[tuple[float, bool, bool]]:
+    """(reward, terminated, truncated) of each step of one episode: reset(seed), then the actions in turn until
+    it ends or `turns` are taken. Rewards are rounded to 6 places: a copy may compute them in another order."""
+    envs.parse_reset(env.call("reset", seed))
     out = []
-    for code, verdict, references in zip(codes, verdicts, shown):
+    for action in actions[:turns]:
+        _, reward, terminated, truncated = envs.parse_step(env.call("step", action))
+        out.append((round(reward, 6), terminated, truncated))
+        if terminated or truncated:
+            break
+    return out
+
+
+def _answer(env: EnvProcess, seed: int) -> list[str]:
+    """solution()'s actions after reset(seed); [] when it gives none to replay or has none at all."""
+    envs.parse_reset(env.call("reset", seed))
+    try:
+        return envs.solution_actions(env.call("solution")) or []
+    except SandboxError as err:
+        if err.reason != "error":   # a timeout or a crash killed the instance: no behaviour to compare
+            raise
+        return []
+
+
+def _differs_at(ref: EnvProcess, env: EnvProcess, seed: int, answer: list[str], wrong: list[str], turns: int) -> bool:
+    """Whether a reference and a program part at one seed: five action sequences, each from reset(seed), the
+    reward, terminated and truncated of every step compared: the reference's solution `answer`, the program's
+    own solution, the solution said in one turn, the `wrong` answers followed by the solution, and the wrong
+    answers every turn (a different turn cap shows here)."""
+    at_once = ["\\boxed{" + " ".join(a[len("\\boxed{"):-1] for a in answer) + "}"]
+    for actions in (answer, _answer(env, seed), at_once, wrong[:max(0, turns - len(answer))] + answer,
+                    (wrong * turns)[:turns]):
+        if _outcomes(ref, seed, actions, turns) != _outcomes(env, seed, actions, turns):
+            return True
+    return False
+
+
+def same_behaviour(code: str, reference: str, turns: int, limits: Limits) -> bool | None:
+    """Whether a program plays as a reference does: True when they part at none of BEHAVIOUR_SEEDS seeds
+    (_differs_at), the wrong answers at a seed being made_up_actions, then the reference's solutions at the next
+    BEHAVIOUR_WRONG seeds. False at the first difference (or when their turn caps differ); None when either
+    fails (an error, a timeout, a reply of the wrong shape): no behaviour to compare. Both run only in the
+    sandbox, one instance each, reset before every sequence; never raises."""
+    seeds = [envs.derive_seed(0, i, "copy", len(code)) for i in range(BEHAVIOUR_SEEDS)]
+    try:
+        with envs.open_env(reference, turns, limits) as ref, envs.open_env(code, turns, limits) as env:
+            if ref.max_turns != env.max_turns:
+                return False
+            turns = ref.max_turns or turns
+            answers = [_answer(ref, seed)[:turns] for seed in seeds]
+            for k, seed in enumerate(seeds):
+                others = [answers[(k + j) % len(seeds)] for j in range(1, BEHAVIOUR_WRONG + 1)]
+                wrong = made_up_actions(seed) + [action for answer in others for action in answer]
+                if _differs_at(ref, env, seed, answers[k], wrong, turns):
+                    return False
+    except (SandboxError, envs.ContractError):
+        return None
+    return True
+
+
+def copy_of(code: str, references: list[str], turns: int, limits: Limits, setting: str = "games") -> str:
+    """Why a valid program is a copy of one of the references ("" when it is none): structure first, then
+    behaviour (games only; the tool-use setting has structure only):
+    * the same statements (statement_shapes equal: only names, literals, comments, order and layout differ);
+    * it holds BEHAVIOUR_SIMILARITY of a reference's statements or more and plays as the reference does
+      (same_behaviour): the same game written otherwise;
+    * it holds COPY_SIMILARITY of them and the two cannot be played side by side (a memory example cut at
+      MEMORY_CODE_CHARS does not run, a program fails or times out): structure decides alone.
+    A program that holds COPY_SIMILARITY of a reference's statements and adds a rule that changes what it pays is a
+    new game built on it, not a copy."""
+    shapes = statement_shapes(code)
+    for reference in references:
+        held = statement_shapes(reference)
+        share = _held_share(shapes, held)
+        if shapes == held or share >= COPY_SIMILARITY and setting != "games":
+            return f"similarity {share:.2f} to an example in its prompt: the same statements"
+        if share < BEHAVIOUR_SIMILARITY or setting != "games":
+            continue
+        same = same_behaviour(code, reference, turns, limits)
+        if same or same is None and share >= COPY_SIMILARITY:
+            return f"similarity {share:.2f} to an example in its prompt, " + (
+                "which it plays as (the same rewards for the same actions at the same seeds)" if same else
+                "which could not be played beside it")
+    return ""
+
+
+def reject_copies(codes: list, verdicts: list, shown: list[list[str]], turns: int = 12, limits: Limits = Limits(),
+                  setting: str = "games") -> list:
+    """A valid program that repeats an example its prompt showed (the in-context example, a memory example)
+    is not a new environment (copy_of): its verdict becomes `copy`, so copying never earns regret or a memory
+    place. A valid program the trainer will not walk (bounded_tree: `too_large`, `too_deep`) is refused with that
+    reason before any comparison, so that no program can make the check raise or stall the trainer. The
+    programs are checked in parallel, each comparison in sandboxed instances of its own."""
+    def check(job):
+        code, verdict, references = job
         unwalkable = bounded_tree(code) if verdict.valid else None
         if isinstance(unwalkable, str) and unwalkable != "syntax":
-            out.append(dataclasses.replace(verdict, valid=False, reason=unwalkable, detail=(
-                f"its syntax tree is past the copy check's bounds ({MAX_TREE_DEPTH} levels, {MAX_TREE_NODES} nodes)")))
-            continue
-        similarity = copy_similarity(code, references) if verdict.valid else 0.0
-        out.append(dataclasses.replace(verdict, valid=False, reason="copy", detail=f"similarity {similarity:.2f} to "
-                                       "an example in its prompt") if similarity >= COPY_SIMILARITY else verdict)
-    return out
+            return dataclasses.replace(verdict, valid=False, reason=unwalkable, detail=(
+                f"its syntax tree is past the copy check's bounds ({MAX_TREE_DEPTH} levels, {MAX_TREE_NODES} nodes)"))
+        why = copy_of(code, references, turns, limits, setting) if verdict.valid else ""
+        return dataclasses.replace(verdict, valid=False, reason="copy", detail=why) if why else verdict
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return list(pool.map(check, zip(codes, verdicts, shown)))
 
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")

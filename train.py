@@ -209,7 +209,7 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         seeds = [envs.derive_seed(cfg.seed, step, "validate", g * cfg.design_attempts + attempt) for g in slots]
         verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting,
                                                                     seeds, cfg.fair_games),
-                                          shown)   # a repeat of an example in the prompt is no new environment
+                                          shown, cfg.max_turns, limits_of(cfg), cfg.setting)   # no repeat of an example
         sampled = [o for o, v in zip(outs, verdicts) if stale and (v.valid or cfg.invalid_samples)]
         logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
             o.prompt_ids) + [1] * len(o.completion_ids)) for o in sampled], temperature=cfg.temperature,

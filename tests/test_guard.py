@@ -250,7 +250,7 @@ if __name__ == "__main__":   # the false-positive count of departure 32: honest 
 
 
 # -----------------------------------------------------------------------------------------------------------
-# the copy check's measured error rates against examples/cups.py (docs/details.md, departure 25)
+# the structural copy check alone against examples/cups.py (departure 25; structure and behaviour: test_copies.py)
 
 CUP_COPIES = sorted((ROOT / "tests" / "copies").glob("cupcopy_*.py"))      # the same game, reshaped
 CUP_VARIANTS = sorted((ROOT / "tests" / "copies").glob("cupvariant_*.py"))  # other games made from cups

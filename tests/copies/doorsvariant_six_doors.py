@@ -1,0 +1,37 @@
+"""A new game made from examples/doors.py: six doors A-F, and a miss says whether the prize is further left or right."""
+import random
+import re
+
+
+class DoorsEnv:
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        self.rng = random.Random(seed)
+        self.prize = self.rng.choice("ABCDEF")
+        self.opened = []
+        self.turn_count = 0
+        return self._show("A prize is behind door A, B, C, D, E or F."), {}
+
+    def _show(self, message):
+        closed = [d for d in "ABCDEF" if d not in self.opened]
+        # the example is any door, drawn anew each turn: copying it is a uniformly random pick, not a strategy
+        return f"{message}\nClosed doors: {', '.join(closed)}. Open one like \\boxed{{{self.rng.choice('ABCDEF')}}}."
+
+    def step(self, action):
+        self.turn_count += 1
+        truncated = self.turn_count >= self.max_turns
+        match = re.search(r"\\boxed\{\s*(?:door\s+)?([A-Fa-f])\s*\}", action)
+        if not match:
+            return self._show("Name a door: A to F."), 0.0, False, truncated, {}
+        door = match.group(1).upper()
+        if door == self.prize:
+            return f"Door {door} hides the prize. You win!", 1.0, True, False, {}
+        if door not in self.opened:
+            self.opened.append(door)
+        side = "left" if self.prize < door else "right"
+        return self._show(f"Door {door} is empty; the prize is to the {side}."), 0.0, False, truncated, {}
+
+    def solution(self):
+        return f"\\boxed{{{self.prize}}}"
