@@ -334,6 +334,8 @@ def main() -> None:
     ap.add_argument("train_flags", nargs=argparse.REMAINDER, help="-- then train flags overriding TRAIN")
     args = ap.parse_args()
     t_start = time.time()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()   # at the start: the code that runs (a commit may land meanwhile)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "learning_run"
@@ -361,8 +363,7 @@ def main() -> None:
         keep_distinct_programs(run_dir)   # 60 copies of two programs otherwise
     rng = np.random.default_rng(args.seed)
     result = {"steps": cfg.steps, "wall_s": round(time.time() - t_start, 1), "train_s": round(t_train, 1),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip(),
+              "commit": commit,
               "command": shlex.join(["python", "bench/learning.py", *sys.argv[1:]]), "load": args.load,
               "seen_envs": [f.stem for f in seen_files], "unseen_envs": [f.stem for f in unseen_files],
               "config": {k: getattr(cfg, k) for k in ("model", "steps", "envs_per_step", "plays", "max_turns", "lr",
