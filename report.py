@@ -28,6 +28,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -40,8 +41,7 @@ import runs
 # it (or its 'prefix/*') draws it, and one that no figure lists is drawn in "Everything else logged" by itself, so
 # a new metric shows without a change here; add its key to a figure to place it, and to TABLE for the per-step
 # table. Keys missing from the run are skipped; a figure with no data at all is left out and named in one line under
-# the others (NOT_LOGGED says why where that is not obvious). The y axes fit the data: returns of 0.05 are not
-# drawn on a -1..1 scale.
+# the others (NOT_LOGGED says why where that is not obvious). The y axes follow the metric's kind (kind()).
 FIGURES = [
     ("returns.png", "Agent return with and without the hint", "mean episode return",
      ["agent/return_nohint", "agent/return_hint", "agent/win_rate"],
@@ -93,6 +93,12 @@ TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/retur
          "loss/samples_designer", "perf/step_s"]
 WINDOW = "new window (new environments)"   # the dashed line's legend
 HINTED = ("agent/return_hint", "env/regret")   # without hinted plays: the unhinted return and 0, not drawn
+# A y axis says what a metric is (kind()): a share runs 0-1; a reward-like value (return, regret, reward, advantage)
+# starts from 0 with a zero line; any other number starts from 0 too, so the axis never zooms into float noise
+# (a run's 1.0000001 is drawn as 1, not as a slope). SPAN: the least height of an axis of values all near 0.
+SHARES = {"share", "rate", "frac", "valid", "diversity", "distinct"}   # words of a key (kind()); and eval/ scores
+REWARDS = {"return", "regret", "reward", "advantage"}
+SPAN = {"share": 1.0, "reward": 0.05, "amount": 1e-6}
 
 
 class Figured(NamedTuple):
@@ -174,6 +180,37 @@ def constant_value(key: str, records: list[dict]) -> float | None:
     return values.pop() if len(values) == 1 else None
 
 
+def kind(key: str) -> str:
+    """'share' (a fraction of something: plays won, attempts valid, replies cut), 'reward' (in reward units: signed,
+    its zero is the message) or 'amount' (counts, seconds, tokens, norms).
+
+    >>> [kind(k) for k in ("agent/win_rate", "eval/score", "env/regret", "perf/generate_tok_per_s", "perf/eval_s")]
+    ['share', 'share', 'reward', 'amount', 'amount']
+    """
+    words = set(re.split(r"[/_]", key.lower()))   # subtle: words, not substrings ("generate" holds "rate")
+    share = key.startswith("eval/") or words & SHARES   # held-out scores are shares of items right
+    return "share" if share else "reward" if words & REWARDS else "amount"
+
+
+def y_limits(keys: list[str], records: list[dict]) -> tuple[float, float]:
+    """The y axis of keys drawn together: from min(0, lowest) to max(0, highest), to 1 at least when one is a
+    share, and at least SPAN high (float noise around 0 stays flat); 4% margins.
+
+    >>> y_limits(["agent/win_rate"], [{"agent/win_rate": 0.5}, {"agent/win_rate": 0.5000001}])
+    (-0.04, 1.04)
+    >>> [round(v, 3) for v in y_limits(["perf/step_s"], [{"perf/step_s": 12.0}, {"perf/step_s": 12.0000001}])]
+    [-0.48, 12.48]
+    """
+    values = [v for key in keys for r in records if (v := number(r.get(key))) is not None]
+    kinds = {kind(key) for key in keys}
+    low, high = min([0.0, *values]), max([0.0, *values, *([1.0] if "share" in kinds else [])])
+    span = max(SPAN[k] for k in kinds) if kinds else 1.0
+    if high - low < span:   # all near 0: grow away from 0 on the data's side
+        low, high = (low, low + span) if high > 0 or low == 0 else (high - span, high)
+    margin = 0.04 * (high - low)
+    return low - margin, high + margin
+
+
 def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int]) -> int:
     """One line per key over steps, and a dashed line where each window in `starts` begins; a curve is broken
     there (other games), and within a window missing values are skipped, so sparse metrics (eval every K steps)
@@ -190,6 +227,12 @@ def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int]) -> i
     for k, step in enumerate(starts):   # between the window's last step and the next one's first
         ax.axvline(step - 0.5, color="gray", linestyle="--", linewidth=1, label=None if k else WINDOW)
     step_axis(ax, records)
+    if keys:
+        low, high = y_limits(keys, records)
+        ax.set_ylim(low, high)
+        signed = any(kind(key) == "reward" or any((number(r.get(key)) or 0) < 0 for r in records) for key in keys)
+        if signed:   # the sign of a reward-like value is the message
+            ax.axhline(0, color="black", linewidth=0.8)
     return drawn
 
 

@@ -306,3 +306,24 @@ def test_a_run_without_hinted_plays_draws_no_hinted_curve(tmp_path):
     drawn = page.split('src="returns.png"')[1].split("Drawn: ")[1].split(".")[0]
     assert drawn == "agent/return_nohint, agent/win_rate"
     assert not any("env/regret" in listed for listed in re.findall(r"Drawn: ([^<.]*)\.", page))
+
+
+def test_an_axis_is_set_by_what_its_metric_is_not_zoomed_into_float_noise(tmp_path):
+    """A share runs 0-1, a return starts from 0, a time too: values that moved by 1e-7 are flat lines, where an
+    axis fitted to the data drew each as a slope from the panel's floor to its ceiling."""
+    noisy = [step_record(s, **{"agent/win_rate": 0.5 + 1e-7 * s, "agent/return_nohint": 0.75 + 1e-7 * s,
+                               "perf/step_s": 12 + 1e-7 * s}) for s in range(3)]
+    axes = {key: report.line_figure(tmp_path / "a.png", key, "", noisy, [key], []).axes[0]
+            for key in ("agent/win_rate", "agent/return_nohint")}
+    axes["perf/step_s"] = report.panels_figure(tmp_path / "b.png", noisy, ["perf/step_s"], []).axes[0]
+    for key, top in (("agent/win_rate", 1.0), ("agent/return_nohint", 0.75), ("perf/step_s", 12.0)):
+        low, high = axes[key].get_ylim()
+        assert low == pytest.approx(-0.04 * top, abs=1e-6) and high == pytest.approx(1.04 * top, abs=1e-5), key
+
+
+def test_regret_is_drawn_with_its_zero_line(tmp_path):
+    """Regret's sign is the designer's signal: a line at 0 shows which side of it each point is on."""
+    records = [step_record(s, **{"env/regret": r}) for s, r in enumerate((0.25, -0.5, 0.125))]
+    ax = report.line_figure(tmp_path / "regret.png", "regret", "", records, ["env/regret"], []).axes[0]
+    zero_lines = [line for line in ax.lines if list(line.get_ydata()) == [0, 0]]
+    assert zero_lines and ax.get_ylim()[0] < -0.5 and ax.get_ylim()[1] > 0.25
