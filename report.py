@@ -80,7 +80,10 @@ FIGURES = [
      "Peak CUDA memory allocated and reserved in each phase (CUDA runs only; the cache is freed between phases). "
      "Reserved far above allocated means fragmentation; compare with `spade-mini plan`."),
     ("perf.png", "Time and throughput", "", ["perf/*"], "One panel per perf/ metric: seconds per phase, "
-     "tokens per second, the sandbox's share of play, peak memory."),
+     "tokens per second, the sandbox's share of play, peak memory. A phase that did not run at a step has no point "
+     "there (design and hint after a window's first step, hint without hinted plays, play and score without an "
+     "environment, score between a window's first and last steps, the update without a sample), not the ~0 s its "
+     "timer logged."),
     ("other.png", "Everything else logged", "", [], "One panel per numeric metric no figure above shows."),
 ]
 PANELS = {"behaviour.png", "update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
@@ -93,6 +96,11 @@ TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/retur
          "loss/samples_designer", "perf/step_s"]
 WINDOW = "new window (new environments)"   # the dashed line's legend
 HINTED = ("agent/return_hint", "env/regret")   # without hinted plays: the unhinted return and 0, not drawn
+SCHEDULED = ("eval/",)   # logged every --eval-every steps by design: its points connect across the steps between
+# A phase's metrics: train.py times every phase at every step, so a phase that did not run there logs ~0 s (and the
+# design phase 0 attempts); at such a step they are dropped (without_phases_not_run): a gap, not a 0.
+PHASE_METRICS = {"design": ("perf/design_s", "designer/attempts", "designer/rejections"), "hint": ("perf/hint_s",),
+                 "play": ("perf/play_s", "perf/sandbox_share"), "score": ("perf/score_s",), "update": ("perf/update_s",)}
 # A y axis says what a metric is (kind()): a share runs 0-1; a reward-like value (return, regret, reward, advantage)
 # starts from 0 with a zero line; any other number starts from 0 too, so the axis never zooms into float noise
 # (a run's 1.0000001 is drawn as 1, not as a slope). SPAN: the least height of an axis of values all near 0.
@@ -124,6 +132,44 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
         pass
     steps = {r["step"]: r for r in lines if isinstance(r.get("step"), int) and "config" not in r}
     return header, [steps[s] for s in sorted(steps)]
+
+
+def phases_not_run(record: dict, config: dict) -> set[str]:
+    """The phases of train.self_play_step that did not run at this record's step: design and hint run at a window's
+    first step only (hint: with an environment to hint and --hinted-plays above 0), play with an environment, score
+    at a window's first and last steps with an environment, the update with a sample. A phase is taken to have run
+    when the record does not say.
+
+    >>> sorted(phases_not_run({"step": 3, "window/start": 2, "window/length": 3, "env/count": 0}, {}))
+    ['design', 'hint', 'play', 'score']
+    >>> phases_not_run({"step": 4, "env/count": 2, "loss/samples_agent": 8}, {"regen_interval": 2, "hinted_plays": 4})
+    set()
+    """
+    step, start, length, every = (record.get("step"), record.get("window/start"), record.get("window/length"),
+                                  config.get("regen_interval"))
+    if isinstance(start, int) and isinstance(length, int):
+        first, last = step == start, step == start + length - 1
+    else:   # a run that did not log its windows
+        every = every if isinstance(every, int) and every > 0 else 1
+        first, last = step % every == 0, step % every == every - 1
+    envs = number(record.get("env/count"))
+    samples = [n for n in (number(record.get(k)) for k in ("loss/samples_agent", "loss/samples_designer")) if n is not None]
+    ran = {"design": first, "hint": first and envs != 0 and config.get("hinted_plays") != 0, "play": envs != 0,
+           "score": (first or last) and envs != 0, "update": not samples or sum(samples) > 0}
+    return {name for name, did in ran.items() if not did}
+
+
+def without_phases_not_run(records: list[dict], config: dict) -> list[dict]:
+    """The records less the metrics of each phase that did not run at their step (PHASE_METRICS).
+
+    >>> without_phases_not_run([{"step": 1, "env/count": 0, "perf/play_s": 0.002, "perf/step_s": 9.0}], {})
+    [{'step': 1, 'env/count': 0, 'perf/step_s': 9.0}]
+    """
+    out = []
+    for r in records:
+        dropped = {key for phase in phases_not_run(r, config) for key in PHASE_METRICS[phase]}
+        out.append({k: v for k, v in r.items() if k not in dropped})
+    return out
 
 
 def number(value) -> float | None:
@@ -213,14 +259,16 @@ def y_limits(keys: list[str], records: list[dict]) -> tuple[float, float]:
 
 def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int]) -> int:
     """One line per key over steps, and a dashed line where each window in `starts` begins; a curve is broken
-    there (other games), and within a window missing values are skipped, so sparse metrics (eval every K steps)
-    still connect. Returns how many keys had data."""
+    there (other games), and at a step that did not log it (its phase did not run there: a gap, not a 0). Only
+    held-out scores (SCHEDULED: every --eval-every steps) connect across the steps between. Returns how many keys
+    had data."""
     drawn = 0
     for key in keys:
         points = [(r["step"], number(r.get(key))) for r in records]
-        points = [(s, v) for s, v in points if v is not None]
-        if points:
-            points = sorted(points + [(step - 0.5, math.nan) for step in starts])   # NaN: matplotlib's break
+        points = [(s, math.nan if v is None else v) for s, v in points   # NaN: matplotlib's break
+                  if v is not None or not key.startswith(SCHEDULED)]
+        if any(not math.isnan(v) for _, v in points):
+            points = sorted(points + [(step - 0.5, math.nan) for step in starts])
             style, marker = STYLES[drawn % len(STYLES)]
             ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, label=key, alpha=0.85)
             drawn += 1
@@ -481,6 +529,7 @@ def report_and_steps(run_dir: Path) -> tuple[Path, int]:
     header, records = load_run(run_dir)   # each file read once: a bad line is warned about once
     if header.get("config", {}).get("hinted_plays") == 0:   # R_hint fell back to the unhinted return: no curve
         records = [{k: v for k, v in r.items() if k not in HINTED} for r in records]
+    records = without_phases_not_run(records, header.get("config", {}))
     samples = runs.read_jsonl(run_dir / "samples.jsonl")
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)

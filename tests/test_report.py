@@ -327,3 +327,26 @@ def test_regret_is_drawn_with_its_zero_line(tmp_path):
     ax = report.line_figure(tmp_path / "regret.png", "regret", "", records, ["env/regret"], []).axes[0]
     zero_lines = [line for line in ax.lines if list(line.get_ydata()) == [0, 0]]
     assert zero_lines and ax.get_ylim()[0] < -0.5 and ax.get_ylim()[1] > 0.25
+
+
+def test_a_step_where_a_phase_did_not_run_is_a_gap_not_a_zero(tmp_path):
+    """Step 1 played no environment (every design rejected): no return, and a play timer of ~0 s. The return's
+    line breaks there instead of running through it, and the ~0 s is not drawn as a fast play; held-out scores,
+    logged every --eval-every steps by design, still connect."""
+    played = {"perf/play_s": 30.0, "loss/samples_agent": 8}
+    records = [step_record(0, **played),
+               step_record(1, **{"env/count": 0, "agent/return_nohint": None, "perf/play_s": 0.002,
+                                 "loss/samples_agent": 0, "loss/samples_designer": 0, "perf/update_s": 0.001}),
+               step_record(2, **played), step_record(3, **played)]
+    del records[1]["eval/score"]
+    ax = report.line_figure(tmp_path / "r.png", "t", "", records, ["agent/return_nohint", "eval/score"], []).axes[0]
+    lines = {line.get_label(): line for line in ax.lines}
+    xs, ys = lines["agent/return_nohint"].get_data()
+    assert [y != y for x, y in zip(xs, ys) if 0 < x < 2] == [True]   # one NaN (a break) between steps 0 and 2
+    assert list(lines["eval/score"].get_xdata()) == [0, 2, 3]         # connected across step 1
+    kept = report.without_phases_not_run(records, {"hinted_plays": 2})
+    assert "perf/play_s" not in kept[1] and "perf/update_s" not in kept[1] and kept[2]["perf/play_s"] == 30.0
+    assert "perf/hint_s" not in report.without_phases_not_run([step_record(0, **{"perf/hint_s": 3e-4})],
+                                                              {"hinted_plays": 0})[0]   # no hinted plays: no hint
+    page = report_of(tmp_path / "run", records, {"regen_interval": 1}).read_text()
+    assert "has no point there" in page.split("<h2>Time and throughput</h2>")[1]
