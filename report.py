@@ -257,20 +257,41 @@ def y_limits(keys: list[str], records: list[dict]) -> tuple[float, float]:
     return low - margin, high + margin
 
 
+def identical_groups(keys: list[str], records: list[dict]) -> list[list[str]]:
+    """The keys grouped by their series: keys with the same value at every step (to float rounding) and none at the
+    same steps are one group, drawn as one line labelled 'a = b' (one curve hidden under the other says nothing).
+
+    >>> identical_groups(["a", "b", "c"], [{"a": 1, "b": 1.0, "c": 1}, {"a": 0.5, "b": 0.5 + 1e-12, "c": None}])
+    [['a', 'b'], ['c']]
+    """
+    groups: list[tuple[list, list[str]]] = []
+    for key in keys:
+        values = [number(r.get(key)) for r in records]
+        same = [names for series, names in groups if all(
+            (a is None) == (b is None) and (a is None or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12))
+            for a, b in zip(series, values))]
+        if same:
+            same[0].append(key)
+        else:
+            groups.append((values, [key]))
+    return [names for _, names in groups]
+
+
 def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int]) -> int:
     """One line per key over steps, and a dashed line where each window in `starts` begins; a curve is broken
     there (other games), and at a step that did not log it (its phase did not run there: a gap, not a 0). Only
     held-out scores (SCHEDULED: every --eval-every steps) connect across the steps between. Returns how many keys
-    had data."""
+    had data; keys identical at every step are one line, labelled 'a = b'."""
     drawn = 0
-    for key in keys:
+    for group in identical_groups(keys, records):
+        key = group[0]
         points = [(r["step"], number(r.get(key))) for r in records]
         points = [(s, math.nan if v is None else v) for s, v in points   # NaN: matplotlib's break
                   if v is not None or not key.startswith(SCHEDULED)]
         if any(not math.isnan(v) for _, v in points):
             points = sorted(points + [(step - 0.5, math.nan) for step in starts])
             style, marker = STYLES[drawn % len(STYLES)]
-            ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, label=key, alpha=0.85)
+            ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, label=" = ".join(group), alpha=0.85)
             drawn += 1
     for k, step in enumerate(starts):   # between the window's last step and the next one's first
         ax.axvline(step - 0.5, color="gray", linestyle="--", linewidth=1, label=None if k else WINDOW)
@@ -571,7 +592,9 @@ def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], 
         panels_figure(out / file, records, varying, starts)
     elif varying:
         line_figure(out / file, title, ylabel, records, varying, starts)
+    twins = [] if file in PANELS else [" and ".join(g) for g in identical_groups(varying, records) if len(g) > 1]
     notes = [caption, f"Drawn: {', '.join(varying)}." if varying else "",
+             f"Identical at every step, so one line: {'; '.join(twins)}." if twins else "",
              "The same at every step, so in the table instead: " + ", ".join(k for k, _ in constants) + "."
              if constants else ""]
     return Figured(file if varying else None, title, " ".join(n for n in notes if n), constants)

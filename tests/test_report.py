@@ -350,3 +350,14 @@ def test_a_step_where_a_phase_did_not_run_is_a_gap_not_a_zero(tmp_path):
                                                               {"hinted_plays": 0})[0]   # no hinted plays: no hint
     page = report_of(tmp_path / "run", records, {"regen_interval": 1}).read_text()
     assert "has no point there" in page.split("<h2>Time and throughput</h2>")[1]
+
+
+def test_two_identical_series_are_one_line_said_to_be_identical(tmp_path):
+    """Rewards of 0 or 1 make the win rate the return: two curves, one exactly under the other, looked like one
+    unnamed curve. They are one line labelled 'a = b', and the caption says so."""
+    records = [step_record(s, **{"agent/return_nohint": r, "agent/win_rate": r}) for s, r in enumerate((0.25, 0.75, 0.5))]
+    ax = report.line_figure(tmp_path / "r.png", "t", "", records, ["agent/return_nohint", "agent/win_rate"], []).axes[0]
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["agent/return_nohint = agent/win_rate"]
+    page = html.unescape(report_of(tmp_path / "run", records, {}).read_text())
+    returns = page.split('src="returns.png"')[1].split("</p>")[0]
+    assert "Identical at every step, so one line: agent/return_nohint and agent/win_rate." in returns
