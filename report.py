@@ -114,7 +114,7 @@ class Figured(NamedTuple):
     file: str | None   # the PNG; None when every metric of it stayed the same over the run
     title: str
     caption: str
-    constants: list    # [metric, value] of its metrics that never changed (a table, not flat lines)
+    numbers: list      # [metric, value, steps logged] of its metrics of one value (a table, not a plot)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -436,12 +436,12 @@ def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[F
         parts.append(f'<p class="note">{window_note(every)}</p>')
     parts.append('<div class="wide">' + table([[r["step"]] + [fmt(r.get(k)) for k in TABLE] for r in records],
                                               ["step"] + TABLE) + "</div>")
-    for file, title, caption, constants in figures:
+    for file, title, caption, numbers in figures:
         parts.append(f"<h2>{esc(title)}</h2>")
         if file:
             parts.append(f'<img src="{esc(file)}" alt="{esc(title)}">')
-        if constants:
-            parts.append(table(constants, ["the same at every step", "value"]))
+        if numbers:
+            parts.append(table(numbers, ["one value in the run", "value", "logged at"]))
         parts.append(f'<p class="note">{esc(caption)}</p>')
     if left_out:
         parts.append(f'<p class="note">Not drawn, nothing of it logged in this run: {esc("; ".join(left_out))}.</p>')
@@ -572,21 +572,27 @@ def report_and_steps(run_dir: Path) -> tuple[Path, int]:
 
 def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], shown: set) -> Figured | None:
     """One entry of FIGURES, drawn into out/ (its keys that an earlier figure drew are skipped, and added to
-    `shown`); None when nothing of it was logged. A panel of a metric that never changed becomes a row of the
-    figure's table, and a figure whose metrics all stayed constant is that table alone (no image)."""
+    `shown`); None when nothing of it was logged. A metric with one value in the run (the same at every step it was
+    logged, or logged at one step) is a number, a row of the figure's table, not a flat line or a one-point plot: in
+    a panel figure each such metric, in a one-axis figure all of them when none has a second point, in the rejections
+    figure a run that designed at one step. A figure left with nothing to draw is that table alone (no image)."""
     file, title, ylabel, keys, caption = spec
     keys = [k for k in expand(keys, records) if k not in shown and not (file == "env_stats.png" and k in PLAIN)]
     if file == "other.png":
         keys = [k for k in sorted({k for r in records for k in r}) if k not in shown and k != "step"]
-    designed = any(number(r.get("designer/attempts")) for r in records)
+    designed = [r for r in records if number(r.get("designer/attempts"))]
     drawn = (["designer/rejections"] if designed else []) if file == "rejections.png" else numeric(keys, records)
     if not drawn:
         return None
     shown |= set(drawn)
-    constants = [[k, fmt(constant_value(k, records))] for k in drawn
-                 if file in PANELS and constant_value(k, records) is not None]
-    varying = [k for k in drawn if k not in {k for k, _ in constants}]
     if file == "rejections.png":
+        numbers = drawn if len(designed) == 1 else []
+    elif file in PANELS:
+        numbers = [k for k in drawn if constant_value(k, records) is not None]
+    else:
+        numbers = drawn if all(sum(number(r.get(k)) is not None for r in records) == 1 for k in drawn) else []
+    varying = [k for k in drawn if k not in numbers]
+    if file == "rejections.png" and varying:
         rejections_figure(out / file, records, starts)
     elif file in PANELS and varying:
         panels_figure(out / file, records, varying, starts)
@@ -595,6 +601,20 @@ def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], 
     twins = [] if file in PANELS else [" and ".join(g) for g in identical_groups(varying, records) if len(g) > 1]
     notes = [caption, f"Drawn: {', '.join(varying)}." if varying else "",
              f"Identical at every step, so one line: {'; '.join(twins)}." if twins else "",
-             "The same at every step, so in the table instead: " + ", ".join(k for k, _ in constants) + "."
-             if constants else ""]
-    return Figured(file if varying else None, title, " ".join(n for n in notes if n), constants)
+             "One value in the run, so in the table instead: " + ", ".join(numbers) + "." if numbers else ""]
+    rows = [number_row(k, designed if k == "designer/rejections" else records) for k in numbers]
+    return Figured(file if varying else None, title, " ".join(n for n in notes if n), rows)
+
+
+def number_row(key: str, records: list[dict]) -> list[str]:
+    """A metric of one value as a row of its figure's table: the metric, the value, the steps that logged it."""
+    logged = [r for r in records if r.get(key) is not None]
+    if key == "designer/rejections":   # {reason: count} of the one step that designed
+        value = ", ".join(f"{reason} {n}" for reason, n in sorted(logged[0][key].items())) or "none"
+    else:
+        value = fmt(constant_value(key, records))
+    ran = {r["step"] for r in records if r["step"] >= 0}
+    steps = [r["step"] for r in logged if number(r.get(key)) is not None or key == "designer/rejections"]
+    where = (f"step {steps[0]} only" if len(steps) == 1 else "every step" if ran <= set(steps)
+             else f"{len(steps)} of {len(ran)} steps")
+    return [key, value, where]

@@ -279,12 +279,13 @@ def test_a_metric_that_never_changed_is_a_table_row_not_a_flat_panel(tmp_path):
     page = report_of(tmp_path, demo_like(), {}).read_text()
     update = page.split("<h2>The update</h2>")[1].split("<h2>")[0]
     assert 'src="update.png"' in update
-    assert "<tr><td>loss/kl</td><td>0</td></tr>" in update and "<tr><td>loss/clip_frac</td><td>0</td></tr>" in update
+    assert "<tr><td>loss/kl</td><td>0</td><td>every step</td></tr>" in update
+    assert "<tr><td>loss/clip_frac</td><td>0</td><td>every step</td></tr>" in update
     assert "Drawn: loss/grad_norm, loss/policy." in update
     constant = [step_record(s, **{"perf/step_s": 12.0}) for s in range(3)]   # perf/: one metric, never changed
     page = report_of(tmp_path / "constant", constant, {}).read_text()
     perf = page.split("<h2>Time and throughput</h2>")[1].split("<h2>")[0]
-    assert "<img" not in perf and "<tr><td>perf/step_s</td><td>12</td></tr>" in perf
+    assert "<img" not in perf and "<tr><td>perf/step_s</td><td>12</td><td>every step</td></tr>" in perf
     assert not (tmp_path / "constant" / "report" / "perf.png").exists()
 
 
@@ -293,7 +294,7 @@ def test_a_new_metric_shows_in_the_report_without_a_change_to_it(tmp_path):
     page = report_of(tmp_path, records, {}).read_text()
     other = page.split("<h2>Everything else logged</h2>")[1]
     assert "agent/new_behaviour" in other.split("Drawn:")[1].split(".")[0]
-    assert "<tr><td>agent/steady_behaviour</td><td>1</td></tr>" in other
+    assert "<tr><td>agent/steady_behaviour</td><td>1</td><td>every step</td></tr>" in other
 
 
 def test_a_run_without_hinted_plays_draws_no_hinted_curve(tmp_path):
@@ -361,3 +362,20 @@ def test_two_identical_series_are_one_line_said_to_be_identical(tmp_path):
     page = html.unescape(report_of(tmp_path / "run", records, {}).read_text())
     returns = page.split('src="returns.png"')[1].split("</p>")[0]
     assert "Identical at every step, so one line: agent/return_nohint and agent/win_rate." in returns
+
+
+def test_a_panel_of_one_point_is_a_number_not_a_plot(tmp_path):
+    """A one-step run, and a metric logged at one step of a longer run (a held-out score of the base model only):
+    a plot of one dot on an axis of nothing says less than the number. The figure is a table row instead, with the
+    step it comes from."""
+    page = report_of(tmp_path / "one", [step_record(0)], {}).read_text()
+    assert "<img" not in page and not list((tmp_path / "one" / "report").glob("*.png"))
+    returns = page.split("<h2>Agent return with and without the hint</h2>")[1].split("<h2>")[0]
+    assert "<tr><td>agent/return_nohint</td><td>0.25</td><td>step 0 only</td></tr>" in returns
+    rejections = page.split("<h2>Rejections</h2>")[1].split("<h2>")[0]
+    assert "<tr><td>designer/rejections</td><td>syntax 1, timeout 1</td><td>step 0 only</td></tr>" in rejections
+    records = [{"step": -1, "eval/score": 0.5}] + [
+        {k: v for k, v in step_record(s).items() if not k.startswith("eval/")} for s in range(3)]
+    page = report_of(tmp_path / "base_only", records, {}).read_text()
+    evaluation = page.split("<h2>Held-out evaluation</h2>")[1].split("<h2>")[0]
+    assert "<img" not in evaluation and "<tr><td>eval/score</td><td>0.5</td><td>step -1 only</td></tr>" in evaluation
