@@ -101,6 +101,17 @@ SCHEDULED = ("eval/",)   # logged every --eval-every steps by design: its points
 # design phase 0 attempts); at such a step they are dropped (without_phases_not_run): a gap, not a 0.
 PHASE_METRICS = {"design": ("perf/design_s", "designer/attempts", "designer/rejections"), "hint": ("perf/hint_s",),
                  "play": ("perf/play_s", "perf/sandbox_share"), "score": ("perf/score_s",), "update": ("perf/update_s",)}
+# What one point of a metric averages at its step, in words (averaged_over() counts it from the record and config)
+PLAYED = "the unhinted plays of the environments that did not hang, (env/count - env/hung) x --plays"
+REPLIES = "the replies of the unhinted plays, env/count x --plays"
+PER_POINT = {"agent/return_nohint": PLAYED, "agent/win_rate": PLAYED,
+             "agent/return_hint": "the hinted plays, (env/count - env/hung) x --hinted-plays",
+             "env/regret": "hinted and unhinted plays, (env/count - env/hung) x (--hinted-plays + --plays)",
+             "agent/turns_mean": "every play, env/count x --plays (and x --hinted-plays more where there were hinted plays)",
+             **{f"agent/{k}": REPLIES for k in ("first_reply_tokens", "reply_tokens", "cut_share", "action_share",
+                                                 "refuted_repeat_share", "echo_share")},
+             "designer/valid_rate": "the designer's attempts, designer/attempts"}
+MARKED = 30   # at most this many counts written beside a line's points (more: at the points where it changes)
 # A y axis says what a metric is (kind()): a share runs 0-1; a reward-like value (return, regret, reward, advantage)
 # starts from 0 with a zero line; any other number starts from 0 too, so the axis never zooms into float noise
 # (a run's 1.0000001 is drawn as 1, not as a slope). SPAN: the least height of an axis of values all near 0.
@@ -238,9 +249,9 @@ def kind(key: str) -> str:
     return "share" if share else "reward" if words & REWARDS else "amount"
 
 
-def y_limits(keys: list[str], records: list[dict]) -> tuple[float, float]:
+def y_limits(keys: list[str], records: list[dict], margin: float = 0.04) -> tuple[float, float]:
     """The y axis of keys drawn together: from min(0, lowest) to max(0, highest), to 1 at least when one is a
-    share, and at least SPAN high (float noise around 0 stays flat); 4% margins.
+    share, and at least SPAN high (float noise around 0 stays flat); `margin` of that height above and below.
 
     >>> y_limits(["agent/win_rate"], [{"agent/win_rate": 0.5}, {"agent/win_rate": 0.5000001}])
     (-0.04, 1.04)
@@ -253,7 +264,7 @@ def y_limits(keys: list[str], records: list[dict]) -> tuple[float, float]:
     span = max(SPAN[k] for k in kinds) if kinds else 1.0
     if high - low < span:   # all near 0: grow away from 0 on the data's side
         low, high = (low, low + span) if high > 0 or low == 0 else (high - span, high)
-    margin = 0.04 * (high - low)
+    margin *= high - low
     return low - margin, high + margin
 
 
@@ -277,32 +288,87 @@ def identical_groups(keys: list[str], records: list[dict]) -> list[list[str]]:
     return [names for _, names in groups]
 
 
-def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int]) -> int:
+def averaged_over(key: str, record: dict, config: dict) -> int | None:
+    """How many plays (designer/valid_rate: attempts) the point of `key` at this record's step averages (PER_POINT),
+    from the record's env/count and env/hung and the config's --plays and --hinted-plays; None where not known.
+
+    >>> averaged_over("agent/return_nohint", {"agent/return_nohint": 0.5, "env/count": 3, "env/hung": 1}, {"plays": 4})
+    8
+    """
+    if key not in PER_POINT or number(record.get(key)) is None:
+        return None
+    if key == "designer/valid_rate":
+        return int(number(record.get("designer/attempts")) or 0) or None
+    envs, plays, hinted = number(record.get("env/count")), config.get("plays"), config.get("hinted_plays", 0)
+    if envs is None or not isinstance(plays, int) or not isinstance(hinted, int):
+        return None
+    scored = envs - (number(record.get("env/hung")) or 0)
+    hinted_here = hinted if number(record.get("agent/return_hint")) is not None else 0
+    return int({"agent/return_nohint": scored * plays, "agent/win_rate": scored * plays,
+                "agent/return_hint": scored * hinted, "env/regret": scored * (hinted + plays),
+                "agent/turns_mean": envs * (plays + hinted_here)}.get(key, envs * plays))
+
+
+def per_point_note(keys: list[str], records: list[dict], config: dict) -> str:
+    """The caption's sentence on what one point of each key averages (PER_POINT), with the counts drawn."""
+    parts = []
+    for key in [k for k in keys if k in PER_POINT]:
+        counts = sorted({n for r in records if (n := averaged_over(key, r, config)) is not None})
+        told = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") + " here" if counts else \
+            "not counted here: the run did not log env/count, or its config has no --plays"
+        parts.append(f"{key}, {PER_POINT[key]} ({told})")
+    return "What one point averages: " + "; ".join(parts) + "." if parts else ""
+
+
+def mark_counts(ax, points: list[tuple], counts: list, unit: str, color, line: int) -> str:
+    """Write beside each point the plays it averages (`counts`, by point); returns the legend's note: the count
+    once when every point has the same one, else what the small numbers are (for more than MARKED points they
+    stand where the count changes, and when that is too often the legend gives the range)."""
+    known = [(x, y, n) for (x, y), n in zip(points, counts) if n is not None and y == y]
+    if not known:
+        return ""
+    if len({n for *_, n in known}) == 1:
+        return f" ({known[0][2]} {unit} each)"
+    marks = known if len(known) <= MARKED else [p for i, p in enumerate(known) if i == 0 or p[2] != known[i - 1][2]]
+    if len(marks) > MARKED:
+        return f" ({min(n for *_, n in known)}-{max(n for *_, n in known)} {unit} a point)"
+    offset = [(0, 5), (0, -11), (7, -3), (-7, -3), (0, 12)][line % 5]   # lines at one point: their numbers apart
+    for x, y, n in marks:
+        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=offset, ha="center", fontsize=7, color=color)
+    return f" (small numbers: {unit} per point)"
+
+
+def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int], config: dict | None = None) -> list[str]:
     """One line per key over steps, and a dashed line where each window in `starts` begins; a curve is broken
     there (other games), and at a step that did not log it (its phase did not run there: a gap, not a 0). Only
-    held-out scores (SCHEDULED: every --eval-every steps) connect across the steps between. Returns how many keys
-    had data; keys identical at every step are one line, labelled 'a = b'."""
-    drawn = 0
+    held-out scores (SCHEDULED: every --eval-every steps) connect across the steps between. Keys identical at every
+    step are one line, labelled 'a = b'; with the run's `config` a point says how many plays it averages
+    (mark_counts). Returns the lines' labels (keys without data draw none)."""
+    config, labels = config or {}, []
     for group in identical_groups(keys, records):
         key = group[0]
         points = [(r["step"], number(r.get(key))) for r in records]
         points = [(s, math.nan if v is None else v) for s, v in points   # NaN: matplotlib's break
                   if v is not None or not key.startswith(SCHEDULED)]
         if any(not math.isnan(v) for _, v in points):
+            counts = dict(zip([r["step"] for r in records], [averaged_over(key, r, config) for r in records]))
             points = sorted(points + [(step - 0.5, math.nan) for step in starts])
-            style, marker = STYLES[drawn % len(STYLES)]
-            ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, label=" = ".join(group), alpha=0.85)
-            drawn += 1
+            style, marker = STYLES[len(labels) % len(STYLES)]
+            line, = ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, alpha=0.85)
+            unit = "attempts" if key == "designer/valid_rate" else "plays"
+            note = mark_counts(ax, points, [counts.get(x) for x, _ in points], unit, line.get_color(), len(labels))
+            labels.append(" = ".join(group) + note)
+            line.set_label(labels[-1])
     for k, step in enumerate(starts):   # between the window's last step and the next one's first
         ax.axvline(step - 0.5, color="gray", linestyle="--", linewidth=1, label=None if k else WINDOW)
     step_axis(ax, records)
     if keys:
-        low, high = y_limits(keys, records)
+        low, high = y_limits(keys, records, 0.12 if ax.texts else 0.04)   # room for the numbers beside points
         ax.set_ylim(low, high)
         signed = any(kind(key) == "reward" or any((number(r.get(key)) or 0) < 0 for r in records) for key in keys)
         if signed:   # the sign of a reward-like value is the message
             ax.axhline(0, color="black", linewidth=0.8)
-    return drawn
+    return labels
 
 
 def step_axis(ax, records: list[dict]) -> None:
@@ -313,12 +379,13 @@ def step_axis(ax, records: list[dict]) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
-def line_figure(path: Path, title: str, ylabel: str, records: list[dict], keys: list[str], starts: list[int]) -> Figure:
-    """The keys on one axis, its y range fitted to their data (matplotlib's own margins); saved to `path`."""
-    fig = Figure(figsize=(6.4, 3.6))
+def line_figure(path: Path, title: str, ylabel: str, records: list[dict], keys: list[str], starts: list[int],
+                config: dict | None = None) -> Figure:
+    """The keys on one axis (its y range by their kind: y_limits), saved to `path`."""
+    fig = Figure(figsize=(6.4, 4.4))
     ax = fig.subplots()
-    plot_lines(ax, records, keys, starts)   # keys with data only (write_report leaves a figure with none out)
-    ax.legend(fontsize=8)
+    plot_lines(ax, records, keys, starts, config)   # keys with data only (write_report leaves a figure with none out)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.16), frameon=False)   # under the axes: hides no point
     ax.set(title=title, xlabel="step", ylabel=ylabel)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -351,15 +418,17 @@ def numeric(keys: list[str], records: list[dict]) -> list[str]:
     return [k for k in keys if any(number(r.get(k)) is not None for r in records)]
 
 
-def panels_figure(path: Path, records: list[dict], keys: list[str], starts: list[int]) -> Figure:
-    """Small multiples, one panel per metric (each with data; their scales differ: lines of code vs shares)."""
+def panels_figure(path: Path, records: list[dict], keys: list[str], starts: list[int],
+                  config: dict | None = None) -> Figure:
+    """Small multiples, one panel per metric (each with data; their scales differ: lines of code vs shares), titled
+    with the metric and the plays a point averages."""
     cols = 3
     rows = max(1, math.ceil(len(keys) / cols))
     fig = Figure(figsize=(9.6, 2.6 * rows))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, key in zip(axes.flat, keys):
-        plot_lines(ax, records, [key], starts)
-        ax.set_title(key, fontsize=9)
+        label = plot_lines(ax, records, [key], starts, config)[0]
+        ax.set_title(label.replace(" (", "\n(", 1), fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
@@ -558,7 +627,7 @@ def report_and_steps(run_dir: Path) -> tuple[Path, int]:
     figures, shown, left_out = [], set(), []
     for spec in FIGURES if records else []:
         (out / spec[0]).unlink(missing_ok=True)   # a previous report's figure of it
-        figure = draw_figure(out, spec, records, starts, shown)
+        figure = draw_figure(out, spec, records, starts, shown, header.get("config", {}))
         if figure:
             figures.append(figure)
         else:
@@ -570,7 +639,8 @@ def report_and_steps(run_dir: Path) -> tuple[Path, int]:
     return index, len(records)
 
 
-def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], shown: set) -> Figured | None:
+def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], shown: set,
+                config: dict) -> Figured | None:
     """One entry of FIGURES, drawn into out/ (its keys that an earlier figure drew are skipped, and added to
     `shown`); None when nothing of it was logged. A metric with one value in the run (the same at every step it was
     logged, or logged at one step) is a number, a row of the figure's table, not a flat line or a one-point plot: in
@@ -595,12 +665,13 @@ def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], 
     if file == "rejections.png" and varying:
         rejections_figure(out / file, records, starts)
     elif file in PANELS and varying:
-        panels_figure(out / file, records, varying, starts)
+        panels_figure(out / file, records, varying, starts, config)
     elif varying:
-        line_figure(out / file, title, ylabel, records, varying, starts)
+        line_figure(out / file, title, ylabel, records, varying, starts, config)
     twins = [] if file in PANELS else [" and ".join(g) for g in identical_groups(varying, records) if len(g) > 1]
     notes = [caption, f"Drawn: {', '.join(varying)}." if varying else "",
              f"Identical at every step, so one line: {'; '.join(twins)}." if twins else "",
+             per_point_note(varying, records, config),
              "One value in the run, so in the table instead: " + ", ".join(numbers) + "." if numbers else ""]
     rows = [number_row(k, designed if k == "designer/rejections" else records) for k in numbers]
     return Figured(file if varying else None, title, " ".join(n for n in notes if n), rows)

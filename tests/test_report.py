@@ -379,3 +379,22 @@ def test_a_panel_of_one_point_is_a_number_not_a_plot(tmp_path):
     page = report_of(tmp_path / "base_only", records, {}).read_text()
     evaluation = page.split("<h2>Held-out evaluation</h2>")[1].split("<h2>")[0]
     assert "<img" not in evaluation and "<tr><td>eval/score</td><td>0.5</td><td>step -1 only</td></tr>" in evaluation
+
+
+def test_each_point_says_how_many_plays_it_averages(tmp_path):
+    """A return of 1.0 from 4 plays and one of 0.5 from 12 looked alike. A point's count stands beside it (or once
+    in the legend when every point has the same), from env/count x --plays; the caption says what it counts."""
+    records = [step_record(s, **{"env/count": n, "env/hung": h, "agent/return_nohint": r})
+               for s, (n, h, r) in enumerate(((3, 0, 0.5), (1, 0, 1.0), (3, 1, 0.25)))]
+    config = {"plays": 4, "hinted_plays": 2}
+    ax = report.line_figure(tmp_path / "r.png", "t", "", records, ["agent/return_nohint"], [], config).axes[0]
+    assert [t.get_text() for t in ax.texts] == ["12", "4", "8"]   # 3 x 4, 1 x 4, (3 - 1 hung) x 4
+    assert "plays per point" in ax.get_legend().get_texts()[0].get_text()
+    eight = [{**r, "designer/attempts": 8, "designer/valid_rate": 0.25 * r["step"]} for r in records]
+    ax = report.panels_figure(tmp_path / "p.png", eight, ["designer/valid_rate"], [], config).axes[0]
+    assert ax.get_title() == "designer/valid_rate\n(8 attempts each)"   # the same count at every point: said once
+    page = html.unescape(report_of(tmp_path / "run", records, config).read_text())
+    assert "agent/return_nohint, the unhinted plays of the environments that did not hang" in page
+    assert "(4-12 here)" in page
+    page = html.unescape(report_of(tmp_path / "no_plays", records, {}).read_text())
+    assert "not counted here: the run did not log env/count, or its config has no --plays" in page
