@@ -3,6 +3,7 @@ text is escaped, and broken or empty runs still give a page."""
 import html
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -398,3 +399,37 @@ def test_each_point_says_how_many_plays_it_averages(tmp_path):
     assert "(4-12 here)" in page
     page = html.unescape(report_of(tmp_path / "no_plays", records, {}).read_text())
     assert "not counted here: the run did not log env/count, or its config has no --plays" in page
+
+
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+IMAGES = "[...document.images].map(img => [img.getAttribute('src'), img.complete ? img.naturalWidth : 0])"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium; .ci/run installs it)")
+def test_the_pages_load_in_a_real_browser_with_every_image_and_no_script_error(run_dir):
+    """Headless Chromium (the distribution's, driven by Playwright: no browser download) opens the three pages: each
+    loads, every <img> decodes (naturalWidth > 0), and no script runs (generated code holds <script>alert(..)) or
+    fails. A control: with a PNG deleted, the same check names it."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+    report.write_report(run_dir)
+    errors = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])   # root in CI
+        page = browser.new_page()
+        page.on("pageerror", lambda error: errors.append(f"script error: {error}"))
+        page.on("console", lambda message: message.type == "error" and errors.append(f"console: {message.text}"))
+        page.on("dialog", lambda dialog: (errors.append(f"a script ran: {dialog.message}"), dialog.dismiss()))
+        for name, title in (("index.html", "spade-mini report"), ("envs.html", "spade-mini environments"),
+                            ("designs.html", "spade-mini designer attempts")):
+            page.goto((run_dir / "report" / name).as_uri())   # returns after the load event: images are in
+            assert page.title() == title and page.evaluate("document.readyState") == "complete", name
+            images = page.evaluate(IMAGES)
+            assert all(width > 0 for _, width in images), images
+            if name == "index.html":
+                assert len(images) == len(list((run_dir / "report").glob("*.png"))) >= 5, images
+        assert errors == []
+        (run_dir / "report" / "returns.png").unlink()   # the control
+        page.goto((run_dir / "report" / "index.html").as_uri())
+        assert [src for src, width in page.evaluate(IMAGES) if width == 0] == ["returns.png"]
+        assert any("ERR_FILE_NOT_FOUND" in error for error in errors), errors
+        browser.close()
