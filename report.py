@@ -18,7 +18,13 @@ How to read the figures (the same captions appear under each one):
 * the panels (how the agent replies, the update, environment statistics, time, everything else): one metric
   each; a metric that never changed in the run is a row of the table under its figure instead of a flat line.
 Every plot over steps marks where a regeneration window begins (a dashed line): new environments, so a jump
-there is the games changing, not the training.
+there is the games changing, not the training. The figures are meant to be truthful at a glance:
+1. an axis is set by what its metric is (kind()): a share runs 0-1; any other value starts from 0, so float noise
+   is a flat line, not a slope; a reward-like value (return, regret, reward) has a zero line;
+2. a metric of one value in the run (one point, or the same at every step) is a number in a table, not a plot;
+3. a step where a phase did not run has no point (a gap), not a 0, and its ~0 s timers are dropped;
+4. two series identical at every step are one line labelled 'a = b';
+5. a point says how many plays it averages (beside it, or once when every point has the same count).
 
 Standard library and matplotlib (Agg backend, no display): a report renders on any machine, without torch. cli.py
 imports this module only for `report`, so the other commands start without matplotlib.
