@@ -117,7 +117,7 @@ PER_POINT = {"agent/return_nohint": PLAYED, "agent/win_rate": PLAYED,
              **{f"agent/{k}": REPLIES for k in ("first_reply_tokens", "reply_tokens", "cut_share", "action_share",
                                                  "refuted_repeat_share", "echo_share")},
              "designer/valid_rate": "the designer's attempts, designer/attempts"}
-MARKED = 30   # at most this many counts written beside a line's points (more: at the points where it changes)
+MARKED = 30   # at most this many counts written beside a line's points (more: the legend gives their range)
 # A y axis says what a metric is (kind()): a share runs 0-1; a reward-like value (return, regret, reward, advantage)
 # starts from 0 with a zero line; any other number starts from 0 too, so the axis never zooms into float noise
 # (a run's 1.0000001 is drawn as 1, not as a slope). SPAN: the least height of an axis of values all near 0.
@@ -128,7 +128,7 @@ SPAN = {"share": 1.0, "reward": 0.05, "amount": 1e-6}
 
 class Figured(NamedTuple):
     """A figure as the index page shows it."""
-    file: str | None   # the PNG; None when every metric of it stayed the same over the run
+    file: str | None   # the PNG; None when every metric of it is a number (one value in the run)
     title: str
     caption: str
     numbers: list      # [metric, value, steps logged] of its metrics of one value (a table, not a plot)
@@ -328,18 +328,17 @@ def per_point_note(keys: list[str], records: list[dict], config: dict) -> str:
 
 def mark_counts(ax, points: list[tuple], counts: list, unit: str, color, line: int) -> str:
     """Write beside each point the plays it averages (`counts`, by point); returns the legend's note: the count
-    once when every point has the same one, else what the small numbers are (for more than MARKED points they
-    stand where the count changes, and when that is too often the legend gives the range)."""
+    once when every point has the same one, else what the small numbers are (beyond MARKED points, too many to
+    read: the range)."""
     known = [(x, y, n) for (x, y), n in zip(points, counts) if n is not None and y == y]
     if not known:
         return ""
     if len({n for *_, n in known}) == 1:
         return f" ({known[0][2]} {unit} each)"
-    marks = known if len(known) <= MARKED else [p for i, p in enumerate(known) if i == 0 or p[2] != known[i - 1][2]]
-    if len(marks) > MARKED:
+    if len(known) > MARKED:
         return f" ({min(n for *_, n in known)}-{max(n for *_, n in known)} {unit} a point)"
     offset = [(0, 5), (0, -11), (7, -3), (-7, -3), (0, 12)][line % 5]   # lines at one point: their numbers apart
-    for x, y, n in marks:
+    for x, y, n in known:
         ax.annotate(str(n), (x, y), textcoords="offset points", xytext=offset, ha="center", fontsize=7, color=color)
     return f" (small numbers: {unit} per point)"
 
