@@ -18,7 +18,13 @@ How to read the figures (the same captions appear under each one):
 * the panels (how the agent replies, the update, environment statistics, time, everything else): one metric
   each; a metric that never changed in the run is a row of the table under its figure instead of a flat line.
 Every plot over steps marks where a regeneration window begins (a dashed line): new environments, so a jump
-there is the games changing, not the training.
+there is the games changing, not the training. The figures are meant to be truthful at a glance:
+1. an axis is set by what its metric is (kind()): a share runs 0-1; any other value starts from 0, so float noise
+   is a flat line, not a slope; a reward-like value (return, regret, reward) has a zero line;
+2. a metric of one value in the run (one point, or the same at every step) is a number in a table, not a plot;
+3. a step where a phase did not run has no point (a gap), not a 0, and its ~0 s timers are dropped;
+4. two series identical at every step are one line labelled 'a = b';
+5. a point says how many plays it averages (beside it, or once when every point has the same count).
 
 Standard library and matplotlib (Agg backend, no display): a report renders on any machine, without torch. cli.py
 imports this module only for `report`, so the other commands start without matplotlib.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -40,8 +47,7 @@ import runs
 # it (or its 'prefix/*') draws it, and one that no figure lists is drawn in "Everything else logged" by itself, so
 # a new metric shows without a change here; add its key to a figure to place it, and to TABLE for the per-step
 # table. Keys missing from the run are skipped; a figure with no data at all is left out and named in one line under
-# the others (NOT_LOGGED says why where that is not obvious). The y axes fit the data: returns of 0.05 are not
-# drawn on a -1..1 scale.
+# the others (NOT_LOGGED says why where that is not obvious). The y axes follow the metric's kind (kind()).
 FIGURES = [
     ("returns.png", "Agent return with and without the hint", "mean episode return",
      ["agent/return_nohint", "agent/return_hint", "agent/win_rate"],
@@ -80,7 +86,10 @@ FIGURES = [
      "Peak CUDA memory allocated and reserved in each phase (CUDA runs only; the cache is freed between phases). "
      "Reserved far above allocated means fragmentation; compare with `spade-mini plan`."),
     ("perf.png", "Time and throughput", "", ["perf/*"], "One panel per perf/ metric: seconds per phase, "
-     "tokens per second, the sandbox's share of play, peak memory."),
+     "tokens per second, the sandbox's share of play, peak memory. A phase that did not run at a step has no point "
+     "there (design and hint after a window's first step, hint without hinted plays, play and score without an "
+     "environment, score between a window's first and last steps, the update without a sample), not the ~0 s its "
+     "timer logged."),
     ("other.png", "Everything else logged", "", [], "One panel per numeric metric no figure above shows."),
 ]
 PANELS = {"behaviour.png", "update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
@@ -93,14 +102,36 @@ TABLE = ["designer/valid_rate", "env/count", "agent/return_nohint", "agent/retur
          "loss/samples_designer", "perf/step_s"]
 WINDOW = "new window (new environments)"   # the dashed line's legend
 HINTED = ("agent/return_hint", "env/regret")   # without hinted plays: the unhinted return and 0, not drawn
+SCHEDULED = ("eval/",)   # logged every --eval-every steps by design: its points connect across the steps between
+# A phase's metrics: train.py times every phase at every step, so a phase that did not run there logs ~0 s (and the
+# design phase 0 attempts); at such a step they are dropped (without_phases_not_run): a gap, not a 0.
+PHASE_METRICS = {"design": ("perf/design_s", "designer/attempts", "designer/rejections"), "hint": ("perf/hint_s",),
+                 "play": ("perf/play_s", "perf/sandbox_share"), "score": ("perf/score_s",), "update": ("perf/update_s",)}
+# What one point of a metric averages at its step, in words (averaged_over() counts it from the record and config)
+PLAYED = "the unhinted plays of the environments that did not hang, (env/count - env/hung) x --plays"
+REPLIES = "the replies of the unhinted plays, env/count x --plays"
+PER_POINT = {"agent/return_nohint": PLAYED, "agent/win_rate": PLAYED,
+             "agent/return_hint": "the hinted plays, (env/count - env/hung) x --hinted-plays",
+             "env/regret": "hinted and unhinted plays, (env/count - env/hung) x (--hinted-plays + --plays)",
+             "agent/turns_mean": "every play, env/count x --plays (and x --hinted-plays more where there were hinted plays)",
+             **{f"agent/{k}": REPLIES for k in ("first_reply_tokens", "reply_tokens", "cut_share", "action_share",
+                                                 "refuted_repeat_share", "echo_share")},
+             "designer/valid_rate": "the designer's attempts, designer/attempts"}
+MARKED = 30   # at most this many counts written beside a line's points (more: the legend gives their range)
+# A y axis says what a metric is (kind()): a share runs 0-1; a reward-like value (return, regret, reward, advantage)
+# starts from 0 with a zero line; any other number starts from 0 too, so the axis never zooms into float noise
+# (a run's 1.0000001 is drawn as 1, not as a slope). SPAN: the least height of an axis of values all near 0.
+SHARES = {"share", "rate", "frac", "valid", "diversity", "distinct"}   # words of a key (kind()); and eval/ scores
+REWARDS = {"return", "regret", "reward", "advantage"}
+SPAN = {"share": 1.0, "reward": 0.05, "amount": 1e-6}
 
 
 class Figured(NamedTuple):
     """A figure as the index page shows it."""
-    file: str | None   # the PNG; None when every metric of it stayed the same over the run
+    file: str | None   # the PNG; None when every metric of it is a number (one value in the run)
     title: str
     caption: str
-    constants: list    # [metric, value] of its metrics that never changed (a table, not flat lines)
+    numbers: list      # [metric, value, steps logged] of its metrics of one value (a table, not a plot)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -118,6 +149,44 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
         pass
     steps = {r["step"]: r for r in lines if isinstance(r.get("step"), int) and "config" not in r}
     return header, [steps[s] for s in sorted(steps)]
+
+
+def phases_not_run(record: dict, config: dict) -> set[str]:
+    """The phases of train.self_play_step that did not run at this record's step: design and hint run at a window's
+    first step only (hint: with an environment to hint and --hinted-plays above 0), play with an environment, score
+    at a window's first and last steps with an environment, the update with a sample. A phase is taken to have run
+    when the record does not say.
+
+    >>> sorted(phases_not_run({"step": 3, "window/start": 2, "window/length": 3, "env/count": 0}, {}))
+    ['design', 'hint', 'play', 'score']
+    >>> phases_not_run({"step": 4, "env/count": 2, "loss/samples_agent": 8}, {"regen_interval": 2, "hinted_plays": 4})
+    set()
+    """
+    step, start, length, every = (record.get("step"), record.get("window/start"), record.get("window/length"),
+                                  config.get("regen_interval"))
+    if isinstance(start, int) and isinstance(length, int):
+        first, last = step == start, step == start + length - 1
+    else:   # a run that did not log its windows
+        every = every if isinstance(every, int) and every > 0 else 1
+        first, last = step % every == 0, step % every == every - 1
+    envs = number(record.get("env/count"))
+    samples = [n for n in (number(record.get(k)) for k in ("loss/samples_agent", "loss/samples_designer")) if n is not None]
+    ran = {"design": first, "hint": first and envs != 0 and config.get("hinted_plays") != 0, "play": envs != 0,
+           "score": (first or last) and envs != 0, "update": not samples or sum(samples) > 0}
+    return {name for name, did in ran.items() if not did}
+
+
+def without_phases_not_run(records: list[dict], config: dict) -> list[dict]:
+    """The records less the metrics of each phase that did not run at their step (PHASE_METRICS).
+
+    >>> without_phases_not_run([{"step": 1, "env/count": 0, "perf/play_s": 0.002, "perf/step_s": 9.0}], {})
+    [{'step': 1, 'env/count': 0, 'perf/step_s': 9.0}]
+    """
+    out = []
+    for r in records:
+        dropped = {key for phase in phases_not_run(r, config) for key in PHASE_METRICS[phase]}
+        out.append({k: v for k, v in r.items() if k not in dropped})
+    return out
 
 
 def number(value) -> float | None:
@@ -174,23 +243,137 @@ def constant_value(key: str, records: list[dict]) -> float | None:
     return values.pop() if len(values) == 1 else None
 
 
-def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int]) -> int:
-    """One line per key over steps, and a dashed line where each window in `starts` begins; a curve is broken
-    there (other games), and within a window missing values are skipped, so sparse metrics (eval every K steps)
-    still connect. Returns how many keys had data."""
-    drawn = 0
+def kind(key: str) -> str:
+    """'share' (a fraction of something: plays won, attempts valid, replies cut), 'reward' (in reward units: signed,
+    its zero is the message) or 'amount' (counts, seconds, tokens, norms).
+
+    >>> [kind(k) for k in ("agent/win_rate", "eval/score", "env/regret", "perf/generate_tok_per_s", "perf/eval_s")]
+    ['share', 'share', 'reward', 'amount', 'amount']
+    """
+    words = set(re.split(r"[/_]", key.lower()))   # subtle: words, not substrings ("generate" holds "rate")
+    share = key.startswith("eval/") or words & SHARES   # held-out scores are shares of items right
+    return "share" if share else "reward" if words & REWARDS else "amount"
+
+
+def y_limits(keys: list[str], records: list[dict], margin: float = 0.04) -> tuple[float, float]:
+    """The y axis of keys drawn together: from min(0, lowest) to max(0, highest), to 1 at least when one is a
+    share, and at least SPAN high (float noise around 0 stays flat); `margin` of that height above and below.
+
+    >>> y_limits(["agent/win_rate"], [{"agent/win_rate": 0.5}, {"agent/win_rate": 0.5000001}])
+    (-0.04, 1.04)
+    >>> [round(v, 3) for v in y_limits(["perf/step_s"], [{"perf/step_s": 12.0}, {"perf/step_s": 12.0000001}])]
+    [-0.48, 12.48]
+    """
+    values = [v for key in keys for r in records if (v := number(r.get(key))) is not None]
+    kinds = {kind(key) for key in keys}
+    low, high = min([0.0, *values]), max([0.0, *values, *([1.0] if "share" in kinds else [])])
+    span = max(SPAN[k] for k in kinds) if kinds else 1.0
+    if high - low < span:   # all near 0: grow away from 0 on the data's side
+        low, high = (low, low + span) if high > 0 or low == 0 else (high - span, high)
+    margin *= high - low
+    return low - margin, high + margin
+
+
+def identical_groups(keys: list[str], records: list[dict]) -> list[list[str]]:
+    """The keys grouped by their series: keys with the same value at every step (to float rounding) and none at the
+    same steps are one group, drawn as one line labelled 'a = b' (one curve hidden under the other says nothing).
+
+    >>> identical_groups(["a", "b", "c"], [{"a": 1, "b": 1.0, "c": 1}, {"a": 0.5, "b": 0.5 + 1e-12, "c": None}])
+    [['a', 'b'], ['c']]
+    """
+    groups: list[tuple[list, list[str]]] = []
     for key in keys:
+        values = [number(r.get(key)) for r in records]
+        same = [names for series, names in groups if all(
+            (a is None) == (b is None) and (a is None or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12))
+            for a, b in zip(series, values))]
+        if same:
+            same[0].append(key)
+        else:
+            groups.append((values, [key]))
+    return [names for _, names in groups]
+
+
+def averaged_over(key: str, record: dict, config: dict) -> int | None:
+    """How many plays (designer/valid_rate: attempts) the point of `key` at this record's step averages (PER_POINT),
+    from the record's env/count and env/hung and the config's --plays and --hinted-plays; None where not known.
+
+    >>> averaged_over("agent/return_nohint", {"agent/return_nohint": 0.5, "env/count": 3, "env/hung": 1}, {"plays": 4})
+    8
+    """
+    if key not in PER_POINT or number(record.get(key)) is None:
+        return None
+    if key == "designer/valid_rate":
+        return int(number(record.get("designer/attempts")) or 0) or None
+    envs, plays, hinted = number(record.get("env/count")), config.get("plays"), config.get("hinted_plays", 0)
+    if envs is None or not isinstance(plays, int) or not isinstance(hinted, int):
+        return None
+    scored = envs - (number(record.get("env/hung")) or 0)
+    hinted_here = hinted if number(record.get("agent/return_hint")) is not None else 0
+    return int({"agent/return_nohint": scored * plays, "agent/win_rate": scored * plays,
+                "agent/return_hint": scored * hinted, "env/regret": scored * (hinted + plays),
+                "agent/turns_mean": envs * (plays + hinted_here)}.get(key, envs * plays))
+
+
+def per_point_note(keys: list[str], records: list[dict], config: dict) -> str:
+    """The caption's sentence on what one point of each key averages (PER_POINT), with the counts drawn."""
+    parts = []
+    for key in [k for k in keys if k in PER_POINT]:
+        counts = sorted({n for r in records if (n := averaged_over(key, r, config)) is not None})
+        told = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") + " here" if counts else \
+            "not counted here: the run did not log env/count, or its config has no --plays"
+        parts.append(f"{key}, {PER_POINT[key]} ({told})")
+    return "What one point averages: " + "; ".join(parts) + "." if parts else ""
+
+
+def mark_counts(ax, points: list[tuple], counts: list, unit: str, color, line: int) -> str:
+    """Write beside each point the plays it averages (`counts`, by point); returns the legend's note: the count
+    once when every point has the same one, else what the small numbers are (beyond MARKED points, too many to
+    read: the range)."""
+    known = [(x, y, n) for (x, y), n in zip(points, counts) if n is not None and y == y]
+    if not known:
+        return ""
+    if len({n for *_, n in known}) == 1:
+        return f" ({known[0][2]} {unit} each)"
+    if len(known) > MARKED:
+        return f" ({min(n for *_, n in known)}-{max(n for *_, n in known)} {unit} a point)"
+    offset = [(0, 5), (0, -11), (7, -3), (-7, -3), (0, 12)][line % 5]   # lines at one point: their numbers apart
+    for x, y, n in known:
+        ax.annotate(str(n), (x, y), textcoords="offset points", xytext=offset, ha="center", fontsize=7, color=color)
+    return f" (small numbers: {unit} per point)"
+
+
+def plot_lines(ax, records: list[dict], keys: list[str], starts: list[int], config: dict | None = None) -> list[str]:
+    """One line per key over steps, and a dashed line where each window in `starts` begins; a curve is broken
+    there (other games), and at a step that did not log it (its phase did not run there: a gap, not a 0). Only
+    held-out scores (SCHEDULED: every --eval-every steps) connect across the steps between. Keys identical at every
+    step are one line, labelled 'a = b'; with the run's `config` a point says how many plays it averages
+    (mark_counts). Returns the lines' labels (keys without data draw none)."""
+    config, labels = config or {}, []
+    for group in identical_groups(keys, records):
+        key = group[0]
         points = [(r["step"], number(r.get(key))) for r in records]
-        points = [(s, v) for s, v in points if v is not None]
-        if points:
-            points = sorted(points + [(step - 0.5, math.nan) for step in starts])   # NaN: matplotlib's break
-            style, marker = STYLES[drawn % len(STYLES)]
-            ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, label=key, alpha=0.85)
-            drawn += 1
+        points = [(s, math.nan if v is None else v) for s, v in points   # NaN: matplotlib's break
+                  if v is not None or not key.startswith(SCHEDULED)]
+        if any(not math.isnan(v) for _, v in points):
+            counts = dict(zip([r["step"] for r in records], [averaged_over(key, r, config) for r in records]))
+            points = sorted(points + [(step - 0.5, math.nan) for step in starts])
+            style, marker = STYLES[len(labels) % len(STYLES)]
+            line, = ax.plot(*zip(*points), linestyle=style, marker=marker, markersize=4, alpha=0.85)
+            unit = "attempts" if key == "designer/valid_rate" else "plays"
+            note = mark_counts(ax, points, [counts.get(x) for x, _ in points], unit, line.get_color(), len(labels))
+            labels.append(" = ".join(group) + note)
+            line.set_label(labels[-1])
     for k, step in enumerate(starts):   # between the window's last step and the next one's first
         ax.axvline(step - 0.5, color="gray", linestyle="--", linewidth=1, label=None if k else WINDOW)
     step_axis(ax, records)
-    return drawn
+    if keys:
+        low, high = y_limits(keys, records, 0.12 if ax.texts else 0.04)   # room for the numbers beside points
+        ax.set_ylim(low, high)
+        signed = any(kind(key) == "reward" or any((number(r.get(key)) or 0) < 0 for r in records) for key in keys)
+        if signed:   # the sign of a reward-like value is the message
+            ax.axhline(0, color="black", linewidth=0.8)
+    return labels
 
 
 def step_axis(ax, records: list[dict]) -> None:
@@ -201,12 +384,13 @@ def step_axis(ax, records: list[dict]) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
-def line_figure(path: Path, title: str, ylabel: str, records: list[dict], keys: list[str], starts: list[int]) -> Figure:
-    """The keys on one axis, its y range fitted to their data (matplotlib's own margins); saved to `path`."""
-    fig = Figure(figsize=(6.4, 3.6))
+def line_figure(path: Path, title: str, ylabel: str, records: list[dict], keys: list[str], starts: list[int],
+                config: dict | None = None) -> Figure:
+    """The keys on one axis (its y range by their kind: y_limits), saved to `path`."""
+    fig = Figure(figsize=(6.4, 4.4))
     ax = fig.subplots()
-    plot_lines(ax, records, keys, starts)   # keys with data only (write_report leaves a figure with none out)
-    ax.legend(fontsize=8)
+    plot_lines(ax, records, keys, starts, config)   # keys with data only (write_report leaves a figure with none out)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.16), frameon=False)   # under the axes: hides no point
     ax.set(title=title, xlabel="step", ylabel=ylabel)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -239,15 +423,17 @@ def numeric(keys: list[str], records: list[dict]) -> list[str]:
     return [k for k in keys if any(number(r.get(k)) is not None for r in records)]
 
 
-def panels_figure(path: Path, records: list[dict], keys: list[str], starts: list[int]) -> Figure:
-    """Small multiples, one panel per metric (each with data; their scales differ: lines of code vs shares)."""
+def panels_figure(path: Path, records: list[dict], keys: list[str], starts: list[int],
+                  config: dict | None = None) -> Figure:
+    """Small multiples, one panel per metric (each with data; their scales differ: lines of code vs shares), titled
+    with the metric and the plays a point averages."""
     cols = 3
     rows = max(1, math.ceil(len(keys) / cols))
     fig = Figure(figsize=(9.6, 2.6 * rows))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, key in zip(axes.flat, keys):
-        plot_lines(ax, records, [key], starts)
-        ax.set_title(key, fontsize=9)
+        label = plot_lines(ax, records, [key], starts, config)[0]
+        ax.set_title(label.replace(" (", "\n(", 1), fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
@@ -324,12 +510,12 @@ def index_page(run_dir: Path, header: dict, records: list[dict], figures: list[F
         parts.append(f'<p class="note">{window_note(every)}</p>')
     parts.append('<div class="wide">' + table([[r["step"]] + [fmt(r.get(k)) for k in TABLE] for r in records],
                                               ["step"] + TABLE) + "</div>")
-    for file, title, caption, constants in figures:
+    for file, title, caption, numbers in figures:
         parts.append(f"<h2>{esc(title)}</h2>")
         if file:
             parts.append(f'<img src="{esc(file)}" alt="{esc(title)}">')
-        if constants:
-            parts.append(table(constants, ["the same at every step", "value"]))
+        if numbers:
+            parts.append(table(numbers, ["one value in the run", "value", "logged at"]))
         parts.append(f'<p class="note">{esc(caption)}</p>')
     if left_out:
         parts.append(f'<p class="note">Not drawn, nothing of it logged in this run: {esc("; ".join(left_out))}.</p>')
@@ -438,6 +624,7 @@ def report_and_steps(run_dir: Path) -> tuple[Path, int]:
     header, records = load_run(run_dir)   # each file read once: a bad line is warned about once
     if header.get("config", {}).get("hinted_plays") == 0:   # R_hint fell back to the unhinted return: no curve
         records = [{k: v for k, v in r.items() if k not in HINTED} for r in records]
+    records = without_phases_not_run(records, header.get("config", {}))
     samples = runs.read_jsonl(run_dir / "samples.jsonl")
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -445,7 +632,7 @@ def report_and_steps(run_dir: Path) -> tuple[Path, int]:
     figures, shown, left_out = [], set(), []
     for spec in FIGURES if records else []:
         (out / spec[0]).unlink(missing_ok=True)   # a previous report's figure of it
-        figure = draw_figure(out, spec, records, starts, shown)
+        figure = draw_figure(out, spec, records, starts, shown, header.get("config", {}))
         if figure:
             figures.append(figure)
         else:
@@ -457,29 +644,53 @@ def report_and_steps(run_dir: Path) -> tuple[Path, int]:
     return index, len(records)
 
 
-def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], shown: set) -> Figured | None:
+def draw_figure(out: Path, spec: tuple, records: list[dict], starts: list[int], shown: set,
+                config: dict) -> Figured | None:
     """One entry of FIGURES, drawn into out/ (its keys that an earlier figure drew are skipped, and added to
-    `shown`); None when nothing of it was logged. A panel of a metric that never changed becomes a row of the
-    figure's table, and a figure whose metrics all stayed constant is that table alone (no image)."""
+    `shown`); None when nothing of it was logged. A metric with one value in the run (the same at every step it was
+    logged, or logged at one step) is a number, a row of the figure's table, not a flat line or a one-point plot: in
+    a panel figure each such metric, in a one-axis figure all of them when none has a second point, in the rejections
+    figure a run that designed at one step. A figure left with nothing to draw is that table alone (no image)."""
     file, title, ylabel, keys, caption = spec
     keys = [k for k in expand(keys, records) if k not in shown and not (file == "env_stats.png" and k in PLAIN)]
     if file == "other.png":
         keys = [k for k in sorted({k for r in records for k in r}) if k not in shown and k != "step"]
-    designed = any(number(r.get("designer/attempts")) for r in records)
+    designed = [r for r in records if number(r.get("designer/attempts"))]
     drawn = (["designer/rejections"] if designed else []) if file == "rejections.png" else numeric(keys, records)
     if not drawn:
         return None
     shown |= set(drawn)
-    constants = [[k, fmt(constant_value(k, records))] for k in drawn
-                 if file in PANELS and constant_value(k, records) is not None]
-    varying = [k for k in drawn if k not in {k for k, _ in constants}]
     if file == "rejections.png":
+        numbers = drawn if len(designed) == 1 else []
+    elif file in PANELS:
+        numbers = [k for k in drawn if constant_value(k, records) is not None]
+    else:
+        numbers = drawn if all(sum(number(r.get(k)) is not None for r in records) == 1 for k in drawn) else []
+    varying = [k for k in drawn if k not in numbers]
+    if file == "rejections.png" and varying:
         rejections_figure(out / file, records, starts)
     elif file in PANELS and varying:
-        panels_figure(out / file, records, varying, starts)
+        panels_figure(out / file, records, varying, starts, config)
     elif varying:
-        line_figure(out / file, title, ylabel, records, varying, starts)
+        line_figure(out / file, title, ylabel, records, varying, starts, config)
+    twins = [] if file in PANELS else [" and ".join(g) for g in identical_groups(varying, records) if len(g) > 1]
     notes = [caption, f"Drawn: {', '.join(varying)}." if varying else "",
-             "The same at every step, so in the table instead: " + ", ".join(k for k, _ in constants) + "."
-             if constants else ""]
-    return Figured(file if varying else None, title, " ".join(n for n in notes if n), constants)
+             f"Identical at every step, so one line: {'; '.join(twins)}." if twins else "",
+             per_point_note(varying, records, config),
+             "One value in the run, so in the table instead: " + ", ".join(numbers) + "." if numbers else ""]
+    rows = [number_row(k, designed if k == "designer/rejections" else records) for k in numbers]
+    return Figured(file if varying else None, title, " ".join(n for n in notes if n), rows)
+
+
+def number_row(key: str, records: list[dict]) -> list[str]:
+    """A metric of one value as a row of its figure's table: the metric, the value, the steps that logged it."""
+    logged = [r for r in records if r.get(key) is not None]
+    if key == "designer/rejections":   # {reason: count} of the one step that designed
+        value = ", ".join(f"{reason} {n}" for reason, n in sorted(logged[0][key].items())) or "none"
+    else:
+        value = fmt(constant_value(key, records))
+    ran = {r["step"] for r in records if r["step"] >= 0}
+    steps = [r["step"] for r in logged if number(r.get(key)) is not None or key == "designer/rejections"]
+    where = (f"step {steps[0]} only" if len(steps) == 1 else "every step" if ran <= set(steps)
+             else f"{len(steps)} of {len(ran)} steps")
+    return [key, value, where]

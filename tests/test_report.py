@@ -3,6 +3,7 @@ text is escaped, and broken or empty runs still give a page."""
 import html
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -279,12 +280,13 @@ def test_a_metric_that_never_changed_is_a_table_row_not_a_flat_panel(tmp_path):
     page = report_of(tmp_path, demo_like(), {}).read_text()
     update = page.split("<h2>The update</h2>")[1].split("<h2>")[0]
     assert 'src="update.png"' in update
-    assert "<tr><td>loss/kl</td><td>0</td></tr>" in update and "<tr><td>loss/clip_frac</td><td>0</td></tr>" in update
+    assert "<tr><td>loss/kl</td><td>0</td><td>every step</td></tr>" in update
+    assert "<tr><td>loss/clip_frac</td><td>0</td><td>every step</td></tr>" in update
     assert "Drawn: loss/grad_norm, loss/policy." in update
     constant = [step_record(s, **{"perf/step_s": 12.0}) for s in range(3)]   # perf/: one metric, never changed
     page = report_of(tmp_path / "constant", constant, {}).read_text()
     perf = page.split("<h2>Time and throughput</h2>")[1].split("<h2>")[0]
-    assert "<img" not in perf and "<tr><td>perf/step_s</td><td>12</td></tr>" in perf
+    assert "<img" not in perf and "<tr><td>perf/step_s</td><td>12</td><td>every step</td></tr>" in perf
     assert not (tmp_path / "constant" / "report" / "perf.png").exists()
 
 
@@ -293,7 +295,7 @@ def test_a_new_metric_shows_in_the_report_without_a_change_to_it(tmp_path):
     page = report_of(tmp_path, records, {}).read_text()
     other = page.split("<h2>Everything else logged</h2>")[1]
     assert "agent/new_behaviour" in other.split("Drawn:")[1].split(".")[0]
-    assert "<tr><td>agent/steady_behaviour</td><td>1</td></tr>" in other
+    assert "<tr><td>agent/steady_behaviour</td><td>1</td><td>every step</td></tr>" in other
 
 
 def test_a_run_without_hinted_plays_draws_no_hinted_curve(tmp_path):
@@ -306,3 +308,128 @@ def test_a_run_without_hinted_plays_draws_no_hinted_curve(tmp_path):
     drawn = page.split('src="returns.png"')[1].split("Drawn: ")[1].split(".")[0]
     assert drawn == "agent/return_nohint, agent/win_rate"
     assert not any("env/regret" in listed for listed in re.findall(r"Drawn: ([^<.]*)\.", page))
+
+
+def test_an_axis_is_set_by_what_its_metric_is_not_zoomed_into_float_noise(tmp_path):
+    """A share runs 0-1, a return starts from 0, a time too: values that moved by 1e-7 are flat lines, where an
+    axis fitted to the data drew each as a slope from the panel's floor to its ceiling."""
+    noisy = [step_record(s, **{"agent/win_rate": 0.5 + 1e-7 * s, "agent/return_nohint": 0.75 + 1e-7 * s,
+                               "perf/step_s": 12 + 1e-7 * s}) for s in range(3)]
+    axes = {key: report.line_figure(tmp_path / "a.png", key, "", noisy, [key], []).axes[0]
+            for key in ("agent/win_rate", "agent/return_nohint")}
+    axes["perf/step_s"] = report.panels_figure(tmp_path / "b.png", noisy, ["perf/step_s"], []).axes[0]
+    for key, top in (("agent/win_rate", 1.0), ("agent/return_nohint", 0.75), ("perf/step_s", 12.0)):
+        low, high = axes[key].get_ylim()
+        assert low == pytest.approx(-0.04 * top, abs=1e-6) and high == pytest.approx(1.04 * top, abs=1e-5), key
+
+
+def test_regret_is_drawn_with_its_zero_line(tmp_path):
+    """Regret's sign is the designer's signal: a line at 0 shows which side of it each point is on."""
+    records = [step_record(s, **{"env/regret": r}) for s, r in enumerate((0.25, -0.5, 0.125))]
+    ax = report.line_figure(tmp_path / "regret.png", "regret", "", records, ["env/regret"], []).axes[0]
+    zero_lines = [line for line in ax.lines if list(line.get_ydata()) == [0, 0]]
+    assert zero_lines and ax.get_ylim()[0] < -0.5 and ax.get_ylim()[1] > 0.25
+
+
+def test_a_step_where_a_phase_did_not_run_is_a_gap_not_a_zero(tmp_path):
+    """Step 1 played no environment (every design rejected): no return, and a play timer of ~0 s. The return's
+    line breaks there instead of running through it, and the ~0 s is not drawn as a fast play; held-out scores,
+    logged every --eval-every steps by design, still connect."""
+    played = {"perf/play_s": 30.0, "loss/samples_agent": 8}
+    records = [step_record(0, **played),
+               step_record(1, **{"env/count": 0, "agent/return_nohint": None, "perf/play_s": 0.002,
+                                 "loss/samples_agent": 0, "loss/samples_designer": 0, "perf/update_s": 0.001}),
+               step_record(2, **played), step_record(3, **played)]
+    del records[1]["eval/score"]
+    ax = report.line_figure(tmp_path / "r.png", "t", "", records, ["agent/return_nohint", "eval/score"], []).axes[0]
+    lines = {line.get_label(): line for line in ax.lines}
+    xs, ys = lines["agent/return_nohint"].get_data()
+    assert [y != y for x, y in zip(xs, ys) if 0 < x < 2] == [True]   # one NaN (a break) between steps 0 and 2
+    assert list(lines["eval/score"].get_xdata()) == [0, 2, 3]         # connected across step 1
+    kept = report.without_phases_not_run(records, {"hinted_plays": 2})
+    assert "perf/play_s" not in kept[1] and "perf/update_s" not in kept[1] and kept[2]["perf/play_s"] == 30.0
+    assert "perf/hint_s" not in report.without_phases_not_run([step_record(0, **{"perf/hint_s": 3e-4})],
+                                                              {"hinted_plays": 0})[0]   # no hinted plays: no hint
+    page = report_of(tmp_path / "run", records, {"regen_interval": 1}).read_text()
+    assert "has no point there" in page.split("<h2>Time and throughput</h2>")[1]
+
+
+def test_two_identical_series_are_one_line_said_to_be_identical(tmp_path):
+    """Rewards of 0 or 1 make the win rate the return: two curves, one exactly under the other, looked like one
+    unnamed curve. They are one line labelled 'a = b', and the caption says so."""
+    records = [step_record(s, **{"agent/return_nohint": r, "agent/win_rate": r}) for s, r in enumerate((0.25, 0.75, 0.5))]
+    ax = report.line_figure(tmp_path / "r.png", "t", "", records, ["agent/return_nohint", "agent/win_rate"], []).axes[0]
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["agent/return_nohint = agent/win_rate"]
+    page = html.unescape(report_of(tmp_path / "run", records, {}).read_text())
+    returns = page.split('src="returns.png"')[1].split("</p>")[0]
+    assert "Identical at every step, so one line: agent/return_nohint and agent/win_rate." in returns
+
+
+def test_a_panel_of_one_point_is_a_number_not_a_plot(tmp_path):
+    """A one-step run, and a metric logged at one step of a longer run (a held-out score of the base model only):
+    a plot of one dot on an axis of nothing says less than the number. The figure is a table row instead, with the
+    step it comes from."""
+    page = report_of(tmp_path / "one", [step_record(0)], {}).read_text()
+    assert "<img" not in page and not list((tmp_path / "one" / "report").glob("*.png"))
+    returns = page.split("<h2>Agent return with and without the hint</h2>")[1].split("<h2>")[0]
+    assert "<tr><td>agent/return_nohint</td><td>0.25</td><td>step 0 only</td></tr>" in returns
+    rejections = page.split("<h2>Rejections</h2>")[1].split("<h2>")[0]
+    assert "<tr><td>designer/rejections</td><td>syntax 1, timeout 1</td><td>step 0 only</td></tr>" in rejections
+    records = [{"step": -1, "eval/score": 0.5}] + [
+        {k: v for k, v in step_record(s).items() if not k.startswith("eval/")} for s in range(3)]
+    page = report_of(tmp_path / "base_only", records, {}).read_text()
+    evaluation = page.split("<h2>Held-out evaluation</h2>")[1].split("<h2>")[0]
+    assert "<img" not in evaluation and "<tr><td>eval/score</td><td>0.5</td><td>step -1 only</td></tr>" in evaluation
+
+
+def test_each_point_says_how_many_plays_it_averages(tmp_path):
+    """A return of 1.0 from 4 plays and one of 0.5 from 12 looked alike. A point's count stands beside it (or once
+    in the legend when every point has the same), from env/count x --plays; the caption says what it counts."""
+    records = [step_record(s, **{"env/count": n, "env/hung": h, "agent/return_nohint": r})
+               for s, (n, h, r) in enumerate(((3, 0, 0.5), (1, 0, 1.0), (3, 1, 0.25)))]
+    config = {"plays": 4, "hinted_plays": 2}
+    ax = report.line_figure(tmp_path / "r.png", "t", "", records, ["agent/return_nohint"], [], config).axes[0]
+    assert [t.get_text() for t in ax.texts] == ["12", "4", "8"]   # 3 x 4, 1 x 4, (3 - 1 hung) x 4
+    assert "plays per point" in ax.get_legend().get_texts()[0].get_text()
+    eight = [{**r, "designer/attempts": 8, "designer/valid_rate": 0.25 * r["step"]} for r in records]
+    ax = report.panels_figure(tmp_path / "p.png", eight, ["designer/valid_rate"], [], config).axes[0]
+    assert ax.get_title() == "designer/valid_rate\n(8 attempts each)"   # the same count at every point: said once
+    page = html.unescape(report_of(tmp_path / "run", records, config).read_text())
+    assert "agent/return_nohint, the unhinted plays of the environments that did not hang" in page
+    assert "(4-12 here)" in page
+    page = html.unescape(report_of(tmp_path / "no_plays", records, {}).read_text())
+    assert "not counted here: the run did not log env/count, or its config has no --plays" in page
+
+
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+IMAGES = "[...document.images].map(img => [img.getAttribute('src'), img.complete ? img.naturalWidth : 0])"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium; .ci/run installs it)")
+def test_the_pages_load_in_a_real_browser_with_every_image_and_no_script_error(run_dir):
+    """Headless Chromium (the distribution's, driven by Playwright: no browser download) opens the three pages: each
+    loads, every <img> decodes (naturalWidth > 0), and no script runs (generated code holds <script>alert(..)) or
+    fails. A control: with a PNG deleted, the same check names it."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+    report.write_report(run_dir)
+    errors = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])   # root in CI
+        page = browser.new_page()
+        page.on("pageerror", lambda error: errors.append(f"script error: {error}"))
+        page.on("console", lambda message: message.type == "error" and errors.append(f"console: {message.text}"))
+        page.on("dialog", lambda dialog: (errors.append(f"a script ran: {dialog.message}"), dialog.dismiss()))
+        for name, title in (("index.html", "spade-mini report"), ("envs.html", "spade-mini environments"),
+                            ("designs.html", "spade-mini designer attempts")):
+            page.goto((run_dir / "report" / name).as_uri())   # returns after the load event: images are in
+            assert page.title() == title and page.evaluate("document.readyState") == "complete", name
+            images = page.evaluate(IMAGES)
+            assert all(width > 0 for _, width in images), images
+            if name == "index.html":
+                assert len(images) == len(list((run_dir / "report").glob("*.png"))) >= 5, images
+        assert errors == []
+        (run_dir / "report" / "returns.png").unlink()   # the control
+        page.goto((run_dir / "report" / "index.html").as_uri())
+        assert [src for src, width in page.evaluate(IMAGES) if width == 0] == ["returns.png"]
+        assert any("ERR_FILE_NOT_FOUND" in error for error in errors), errors
+        browser.close()
