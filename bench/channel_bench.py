@@ -10,7 +10,12 @@ reply, sent by the receiver in its observation, is the only way anything leaves 
     python bench/channel_bench.py                       # slots of 100, 20, 5 and 2 ms, 4 messages of 32 bits
     python bench/channel_bench.py --slots-ms 10 --messages 8 --threads 1
 
-Run it with nothing else computing: the load it measures is the machine's. docs/sandbox.md quotes it.
+Linux shares the CPUs between sessions first (autogroup scheduling, `/proc/sys/kernel/sched_autogroup_enabled`),
+and each environment runs in a session of its own: two environments alone on two cores get a core each whatever
+the other does. A third busy party changes that; in training it is the trainer, whose matmul threads run while the
+environments wait for the model. `--bystander-threads N` adds one such party, a process of its own session with N
+busy threads, outside the sandbox. Run it with nothing else computing: the load it measures is the machine's.
+docs/sandbox.md quotes it.
 """
 import argparse
 import json
@@ -18,6 +23,7 @@ import math
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 
@@ -129,31 +135,54 @@ def measure(slot_s: float, bits: int, messages: int, threads: int, limits: sandb
             "capacity_bits_per_call": round(per_slot / slot_s * limits.call_timeout, 1)}
 
 
+BYSTANDER = """
+import hashlib, sys, threading
+block = bytes(1 << 16)
+def spin():
+    while True:
+        hashlib.sha256(block).digest()
+for _ in range(int(sys.argv[1])):
+    threading.Thread(target=spin, daemon=True).start()
+threading.Event().wait()
+"""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--slots-ms", default="100,20,5,2", help="slot lengths to try, comma-separated")
     ap.add_argument("--bits", type=int, default=32, help="bits per message")
     ap.add_argument("--messages", type=int, default=4, help="messages per slot length")
     ap.add_argument("--threads", type=int, default=2, help="the sender's loading threads (Limits.threads caps them)")
+    ap.add_argument("--bystander-threads", type=int, default=0,
+                    help="busy threads of a third process in its own session (the trainer's part in training)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="", help="also write the results here")
     args = ap.parse_args()
     limits = sandbox.Limits()
     report = isolation.isolation_report()
     print(f"cores: {os.cpu_count()}  load: {os.getloadavg()[0]:.2f}  sandbox: {report['mode']}  "
-          f"filter: {report['syscall_filter']}  call_timeout: {limits.call_timeout} s")
+          f"filter: {report['syscall_filter']}  call_timeout: {limits.call_timeout} s  "
+          f"bystander threads: {args.bystander_threads}")
     rng = random.Random(args.seed)
     rows = []
-    for ms in (float(x) for x in args.slots_ms.split(",")):
-        if args.bits * ms / 1000 + 1.5 > limits.call_timeout:
-            print(f"slot {ms} ms: {args.bits} bits do not fit one call of {limits.call_timeout} s, skipped")
-            continue
-        row = measure(ms / 1000, args.bits, args.messages, args.threads, limits, rng)
-        rows.append(row)
-        print("  ".join(f"{k}: {v}" for k, v in row.items()), flush=True)
+    bystander = subprocess.Popen([sys.executable, "-c", BYSTANDER, str(args.bystander_threads)],
+                                 start_new_session=True) if args.bystander_threads else None
+    try:
+        for ms in (float(x) for x in args.slots_ms.split(",")):
+            if args.bits * ms / 1000 + 1.5 > limits.call_timeout:
+                print(f"slot {ms} ms: {args.bits} bits do not fit one call of {limits.call_timeout} s, skipped")
+                continue
+            row = measure(ms / 1000, args.bits, args.messages, args.threads, limits, rng)
+            rows.append(row)
+            print("  ".join(f"{k}: {v}" for k, v in row.items()), flush=True)
+    finally:
+        if bystander:
+            bystander.kill()
+            bystander.wait()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cores": os.cpu_count(), "threads": args.threads, "rows": rows}, f, indent=1)
+            json.dump({"cores": os.cpu_count(), "threads": args.threads, "bystander_threads": args.bystander_threads,
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
