@@ -64,16 +64,17 @@ class SeedEnv:
     def solution(self):
         return "\\\\boxed{%d}" % self.seed
 '''
-# The parity game written anew for the second window: resending PARITY_ENV, which the second window's prompt shows
-# as a memory example, would be rejected as a copy (evaluate.reject_copies).
+# The parity game turned round for the second window (the other parity wins), so it pays otherwise at every seed:
+# PARITY_ENV, which the second window's prompt shows as a memory example, resent or written anew with the same
+# rule, would be rejected as a copy (evaluate.reject_copies compares statements, then behaviour).
 ODD_EVEN_ENV = '''
 class OddEvenEnv:
-    """The length of the action must have the seed's parity."""
+    """The length of the action must have the other parity than the seed's."""
     def __init__(self, max_turns=12, **kwargs):
         self.max_turns = max_turns
         self.wanted = 0
     def reset(self, seed=None):
-        self.wanted = (seed or 0) % 2
+        self.wanted = ((seed or 0) + 1) % 2
         return "Whether you win depends on how long your \\\\boxed{} answer is.", {}
     def step(self, action):
         ok = (len(action) - self.wanted) % 2 == 0
