@@ -477,25 +477,31 @@ def _answer(env: EnvProcess, seed: int) -> list[str]:
         return []
 
 
-def _differs_at(ref: EnvProcess, env: EnvProcess, seed: int, answer: list[str], wrong: list[str], turns: int) -> bool:
-    """Whether a reference and a program part at one seed: five action sequences, each from reset(seed), the
-    reward, terminated and truncated of every step compared: the reference's solution `answer`, the program's
-    own solution, the solution said in one turn, the `wrong` answers followed by the solution, and the wrong
-    answers every turn (a different turn cap shows here)."""
+def _differs_at(ref: EnvProcess, env: EnvProcess, seed: int, answer: list[str], wrong: list[str],
+                turns: int) -> tuple[bool, bool]:
+    """(whether a reference and a program part at one seed, whether any step compared paid something or ended
+    the game): five action sequences, each from reset(seed), the reward, terminated and truncated of every step
+    compared: the reference's solution `answer`, the program's own solution, the solution said in one turn, the
+    `wrong` answers followed by the solution, and the wrong answers every turn (a different turn cap shows here)."""
     at_once = ["\\boxed{" + " ".join(a[len("\\boxed{"):-1] for a in answer) + "}"]
+    telling = False
     for actions in (answer, _answer(env, seed), at_once, wrong[:max(0, turns - len(answer))] + answer,
                     (wrong * turns)[:turns]):
-        if _outcomes(ref, seed, actions, turns) != _outcomes(env, seed, actions, turns):
-            return True
-    return False
+        outcomes = _outcomes(ref, seed, actions, turns)
+        if outcomes != _outcomes(env, seed, actions, turns):
+            return True, True
+        telling = telling or any(reward != 0 or terminated for reward, terminated, _ in outcomes)
+    return False, telling
 
 
 def same_behaviour(code: str, reference: str, turns: int, limits: Limits) -> bool | None:
     """Whether a program plays as a reference does: True when they part at none of BEHAVIOUR_SEEDS seeds
     (_differs_at), the wrong answers at a seed being made_up_actions, then the reference's solutions at the next
     BEHAVIOUR_WRONG seeds. False at the first difference (or when their turn caps differ); None when either
-    fails (an error, a timeout, a reply of the wrong shape): no behaviour to compare. Both run only in the
-    sandbox, one instance each, reset before every sequence; never raises."""
+    fails (an error, a timeout, a reply of the wrong shape, no process to start), and when no step compared paid
+    anything or ended a game (two games whose solution() is a sentence, probed only with actions that neither
+    rewards, look alike without being alike): no behaviour to compare. Both run only in the sandbox, one
+    instance each, reset before every sequence; never raises."""
     seeds = [envs.derive_seed(0, i, "copy", len(code)) for i in range(BEHAVIOUR_SEEDS)]
     try:
         with envs.open_env(reference, turns, limits) as ref, envs.open_env(code, turns, limits) as env:
@@ -503,14 +509,17 @@ def same_behaviour(code: str, reference: str, turns: int, limits: Limits) -> boo
                 return False
             turns = ref.max_turns or turns
             answers = [_answer(ref, seed)[:turns] for seed in seeds]
+            telling = False
             for k, seed in enumerate(seeds):
                 others = [answers[(k + j) % len(seeds)] for j in range(1, BEHAVIOUR_WRONG + 1)]
                 wrong = made_up_actions(seed) + [action for answer in others for action in answer]
-                if _differs_at(ref, env, seed, answers[k], wrong, turns):
+                differs, told = _differs_at(ref, env, seed, answers[k], wrong, turns)
+                if differs:
                     return False
-    except (SandboxError, envs.ContractError):
+                telling = telling or told
+    except (SandboxError, envs.ContractError, OSError):   # OSError: no pipe or process left on the host
         return None
-    return True
+    return True if telling else None
 
 
 def copy_of(code: str, references: list[str], turns: int, limits: Limits, setting: str = "games") -> str:

@@ -87,9 +87,9 @@ FIGURES = [
      "Reserved far above allocated means fragmentation; compare with `spade-mini plan`."),
     ("perf.png", "Time and throughput", "", ["perf/*"], "One panel per perf/ metric: seconds per phase, "
      "tokens per second, the sandbox's share of play, peak memory. A phase that did not run at a step has no point "
-     "there (design and hint after a window's first step, hint without hinted plays, play and score without an "
-     "environment, score between a window's first and last steps, the update without a sample), not the ~0 s its "
-     "timer logged."),
+     "there (design and hint after a window's first step, hint without hinted plays, play without an environment, "
+     "the update without a sample), not the ~0 s its timer logged; score runs at every step (the memory's "
+     "statistics)."),
     ("other.png", "Everything else logged", "", [], "One panel per numeric metric no figure above shows."),
 ]
 PANELS = {"behaviour.png", "update.png", "env_stats.png", "perf.png", "other.png"}   # small multiples: their scales differ
@@ -153,26 +153,26 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
 
 def phases_not_run(record: dict, config: dict) -> set[str]:
     """The phases of train.self_play_step that did not run at this record's step: design and hint run at a window's
-    first step only (hint: with an environment to hint and --hinted-plays above 0), play with an environment, score
-    at a window's first and last steps with an environment, the update with a sample. A phase is taken to have run
-    when the record does not say.
+    first step only (hint: with an environment to hint and --hinted-plays above 0), play with an environment, the
+    update with a sample. Score runs at every step (the memory's statistics, train.self_play_step), so its time is
+    always kept. A phase is taken to have run when the record does not say.
 
     >>> sorted(phases_not_run({"step": 3, "window/start": 2, "window/length": 3, "env/count": 0}, {}))
-    ['design', 'hint', 'play', 'score']
+    ['design', 'hint', 'play']
     >>> phases_not_run({"step": 4, "env/count": 2, "loss/samples_agent": 8}, {"regen_interval": 2, "hinted_plays": 4})
     set()
     """
     step, start, length, every = (record.get("step"), record.get("window/start"), record.get("window/length"),
                                   config.get("regen_interval"))
     if isinstance(start, int) and isinstance(length, int):
-        first, last = step == start, step == start + length - 1
+        first = step == start
     else:   # a run that did not log its windows
         every = every if isinstance(every, int) and every > 0 else 1
-        first, last = step % every == 0, step % every == every - 1
+        first = step % every == 0
     envs = number(record.get("env/count"))
     samples = [n for n in (number(record.get(k)) for k in ("loss/samples_agent", "loss/samples_designer")) if n is not None]
     ran = {"design": first, "hint": first and envs != 0 and config.get("hinted_plays") != 0, "play": envs != 0,
-           "score": (first or last) and envs != 0, "update": not samples or sum(samples) > 0}
+           "update": not samples or sum(samples) > 0}
     return {name for name, did in ran.items() if not did}
 
 
@@ -686,7 +686,8 @@ def number_row(key: str, records: list[dict]) -> list[str]:
     """A metric of one value as a row of its figure's table: the metric, the value, the steps that logged it."""
     logged = [r for r in records if r.get(key) is not None]
     if key == "designer/rejections":   # {reason: count} of the one step that designed
-        value = ", ".join(f"{reason} {n}" for reason, n in sorted(logged[0][key].items())) or "none"
+        counts = logged[0][key] if logged and isinstance(logged[0][key], dict) else {}
+        value = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "none"
     else:
         value = fmt(constant_value(key, records))
     ran = {r["step"] for r in records if r["step"] >= 0}

@@ -223,6 +223,24 @@ def test_the_error_rates_are_those_the_docs_state():
     assert evaluate.same_behaviour(hilo, EXAMPLES["cups"], TURNS, LIMITS) is False
 
 
+def prose_solution(code: str) -> str:
+    """The game with a solution() that returns a sentence, as the official contract allows."""
+    head, _ = code.split("    def solution(self)", 1)
+    return head + '    def solution(self):\n        return "Read what each turn says and decide."\n'
+
+
+def test_two_games_whose_solutions_are_sentences_are_not_each_others_copies():
+    """With no boxed solution to replay, every probe is an action neither game rewards: both pay 0 and run to the
+    turn cap, which used to read as the same behaviour (doors and guess were copies of cups). No step that paid or
+    ended a game: no behaviour to compare, structure decides."""
+    cups, doors, guess = (prose_solution(EXAMPLES[name]) for name in ("cups", "doors", "guess"))
+    for code, reference in ((doors, cups), (guess, cups), (guess, doors)):
+        assert envs.validate(code, LIMITS, max_turns=3).valid
+        assert evaluate.same_behaviour(code, reference, 3, LIMITS) is None
+        assert evaluate.copy_of(code, [reference], 3, LIMITS) == ""
+    assert evaluate.copy_of(cups, [cups], 3, LIMITS)   # the same statements are still a copy
+
+
 if __name__ == "__main__":   # the table behind departure 25's rates, and the check's cost per program
     wrong = {"structure": [0, 0], "structure + behaviour": [0, 0]}
     for path in COPIES + HONEST:

@@ -433,3 +433,14 @@ def test_the_pages_load_in_a_real_browser_with_every_image_and_no_script_error(r
         assert [src for src, width in page.evaluate(IMAGES) if width == 0] == ["returns.png"]
         assert any("ERR_FILE_NOT_FOUND" in error for error in errors), errors
         browser.close()
+
+
+def test_the_score_phase_keeps_its_time_at_every_step_and_a_missing_rejection_count_is_no_crash():
+    """Score runs at every step (train.self_play_step computes the memory's statistics there), so its time is
+    never dropped as a phase that did not run; a run whose one design step logged no rejection counts (or not a
+    dict) still gives its row (an IndexError before)."""
+    record = {"step": 3, "window/start": 2, "window/length": 3, "env/count": 0, "perf/score_s": 14.8}
+    assert "score" not in report.phases_not_run(record, {})
+    assert report.without_phases_not_run([record], {})[0]["perf/score_s"] == 14.8
+    for records in ([{"step": 0, "designer/attempts": 2}], [{"step": 0, "designer/rejections": "syntax"}]):
+        assert report.number_row("designer/rejections", records)[:2] == ["designer/rejections", "none"]
