@@ -218,6 +218,11 @@ def test_the_error_rates_are_those_the_docs_state():
         return (sum(p.stem in wrong for p in COPIES), len(COPIES), sum(p.stem in wrong for p in HONEST), len(HONEST))
     assert rates(STRUCTURE_WRONG) == (17, 23, 13, 35)
     assert rates(BEHAVIOUR_WRONG) == (0, 23, 3, 35)
+    docs = (ROOT / "docs" / "details.md").read_text()   # departure 25's table says the same
+    for check, wrong in (("structure alone", STRUCTURE_WRONG), ("structure + behaviour", BEHAVIOUR_WRONG)):
+        row = next(line for line in docs.splitlines() if line.strip().startswith(f"| {check} |"))
+        stated = [tuple(map(int, m)) for m in re.findall(r"(\d+) of (\d+)", row)]
+        assert [tuple(rates(wrong)[:2]), tuple(rates(wrong)[2:])] == stated, row
     hilo = (ROOT / "bench" / "heldout" / "hilo.py").read_text()
     assert round(evaluate.copy_similarity(hilo, [EXAMPLES["cups"]]), 3) == 0.857
     assert evaluate.same_behaviour(hilo, EXAMPLES["cups"], TURNS, LIMITS) is False
