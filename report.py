@@ -106,7 +106,8 @@ SCHEDULED = ("eval/",)   # logged every --eval-every steps by design: its points
 # A phase's metrics: train.py times every phase at every step, so a phase that did not run there logs ~0 s (and the
 # design phase 0 attempts); at such a step they are dropped (without_phases_not_run): a gap, not a 0.
 PHASE_METRICS = {"design": ("perf/design_s", "designer/attempts", "designer/rejections"), "hint": ("perf/hint_s",),
-                 "play": ("perf/play_s", "perf/sandbox_share"), "score": ("perf/score_s",), "update": ("perf/update_s",)}
+                 "play": ("perf/play_s", "perf/sandbox_share"), "update": ("perf/update_s",)}
+# (score runs at every step: the memory's statistics; its time is always kept)
 # What one point of a metric averages at its step, in words (averaged_over() counts it from the record and config)
 PLAYED = "the unhinted plays of the environments that did not hang, (env/count - env/hung) x --plays"
 REPLIES = "the replies of the unhinted plays, env/count x --plays"

@@ -218,15 +218,16 @@ def play(model, tok, cfg, chosen: list, seed: int) -> list:
                            bf16=models.bf16_autocast(cfg.generate_bf16, model))
 
 
-def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> dict:
+def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> tuple[dict, str]:
     """Base (and base_format_controlled) then trained on the same specs: the adapter starts at zero (base), then
-    the run's last checkpoint; then the scripted policies."""
+    the run's last checkpoint; then the scripted policies. -> (episodes by arm and set, the update's dtype as
+    --train-bf16 resolved it for this model here)."""
     model, tok, _ = models.load_model(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                                       quantize=cfg.quantize, gradient_checkpointing=False, cache_dir=cfg.cache_dir,
                                       seed=cfg.seed)
     model.eval()
     out, sets, real = {}, (("seen", seen, args.seen_files), ("unseen", unseen, args.unseen_files)), models.generate_turn
-    out["_update_dtype"] = "bfloat16" if models.bf16_autocast(cfg.train_bf16, model) else str(model.dtype).split(".")[-1]
+    update_dtype = "bfloat16" if models.bf16_autocast(cfg.train_bf16, model) else str(model.dtype).split(".")[-1]
     for label in ("base", "base_format_controlled", "trained"):
         if label == "trained":
             models.load_adapter(model, sorted((run_dir / "checkpoints").glob("step_*"))[-1])
@@ -244,7 +245,7 @@ def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> dict:
         scripted = play_scripted(cfg, tok, chosen, [f.stem for f in files], envs.derive_seed(args.seed, -1, "eval-script", 0))
         for policy, episodes in scripted.items():
             out.setdefault(policy, {})[name] = episodes
-    return out
+    return out, update_dtype
 
 
 def machine_text() -> str:
@@ -359,7 +360,7 @@ def main() -> None:
         seen = specs(seen_files, args.episodes, args.seed, "heldout-seen", cfg.agent_prompt, cfg.agent_reply_prefix)
         unseen = specs(unseen_files, args.episodes, args.seed, "heldout-unseen", cfg.agent_prompt, cfg.agent_reply_prefix)
         assert not {s.seed for s in seen + unseen} & training_seeds(cfg), "a held-out seed was played in training"
-        played = evaluate_arms(cfg, run_dir, seen, unseen, args)
+        played, update_dtype = evaluate_arms(cfg, run_dir, seen, unseen, args)
         keep_distinct_programs(run_dir)   # 60 copies of two programs otherwise
     rng = np.random.default_rng(args.seed)
     result = {"steps": cfg.steps, "wall_s": round(time.time() - t_start, 1), "train_s": round(t_train, 1),
@@ -371,7 +372,7 @@ def main() -> None:
                                                        "agent_reply_prefix", "generate_bf16", "train_bf16")},
               # what --train-bf16 auto resolved to here: the update's dtype, and the machine that decided it (two
               # machines give different adapters when one updates in bf16 and the other in fp32)
-              "update_dtype": played.pop("_update_dtype"), "machine": machine_text(),
+              "update_dtype": update_dtype, "machine": machine_text(),
               **{s: compare({label: by_set[s] for label, by_set in played.items()}, rng,
                             [files[c.key[0]].stem for c in chosen])
                  for s, chosen, files in (("seen", seen, seen_files), ("unseen", unseen, unseen_files))}}
