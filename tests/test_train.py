@@ -303,6 +303,7 @@ def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_window
     assert cfg.regen_interval == 1 and cfg.design_attempts == 1 and cfg.quantize == "auto"
     # a lone valid program of a skill is centred against its rejected sibling (the opt-in penalty, on here)
     assert cfg.invalid_samples and cfg.invalid_reward == -0.5 and not runs.Config().invalid_samples
+    assert cfg.lr == 1e-5   # 1e-4 cut the valid share after one window's update (the preset's comment)
     seen = []
     for window in range(2):
         skills = train.active_skills(cfg, window)
