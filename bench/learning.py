@@ -248,6 +248,16 @@ def evaluate_arms(cfg, run_dir: Path, seen: list, unseen: list, args) -> tuple[d
     return out, update_dtype
 
 
+def train_config(train_flags: list[str], pool: str, run_dir: Path, seed: int):
+    """The run's runs.Config: TRAIN, overridden by the train flags given (after `--`), on the pool folder."""
+    flags = [f for f in train_flags if f != "--"]
+    given = vars(cli.build_parser("train").parse_args(["train", *flags]))   # only the flags given
+    explicit = {**TRAIN, **{k: v for k, v in given.items() if k != "command"}}
+    cfg = cli.config_from_args({**explicit, "env_pool": pool, "out": str(run_dir), "seed": seed})
+    cli.check_config(train, cfg)
+    return cfg
+
+
 def machine_text() -> str:
     """The CPU's model name, its cores and whether it has native bf16 (cli.machine)."""
     cores, bf16 = cli.machine()
@@ -350,11 +360,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as pool:
         for f in seen_files:
             shutil.copy(f, pool)
-        flags = [f for f in args.train_flags if f != "--"]
-        given = vars(cli.build_parser("train").parse_args(["train", *flags]))   # only the flags given
-        explicit = {**TRAIN, **{k: v for k, v in given.items() if k != "command"}}
-        cfg = cli.config_from_args({**explicit, "env_pool": pool, "out": str(run_dir), "seed": args.seed})
-        cli.check_config(train, cfg)
+        cfg = train_config(args.train_flags, pool, run_dir, args.seed)
         train.train(cfg)
         t_train = time.time() - t_start
         seen = specs(seen_files, args.episodes, args.seed, "heldout-seen", cfg.agent_prompt, cfg.agent_reply_prefix)
