@@ -143,9 +143,10 @@ PRESETS = {
     # the real loop on a CPU (2 cores, 24 GB): Qwen2.5-Coder-1.5B in both roles, bf16 decode where the CPU has
     # it natively; 8 slots over 4 skills (2 each: a skill's designer group needs two programs of different regret
     # to get a gradient, or one valid and one rejected: --invalid-samples, opt-in, on here), a window of 1 step so
-    # that every step trains the designer; checkpointing on (1.5B). lr 1e-5, as the GPU presets: at 1e-4 each
-    # window's Adam step (every LoRA weight moves ~lr whatever the 2-4 samples say) cut the valid share on the
-    # same documents from 10 of 24 (untrained) to 2 of 24 (docs/benchmarks.md, "The designer in the loop")
+    # that every step trains the designer; checkpointing on (1.5B). lr 1e-5, as the GPU presets: at 1e-4 (each
+    # window's Adam step moves every LoRA weight by ~lr whatever 2-4 samples say) the valid share on the same
+    # documents fell from 10 of 24 (untrained) to 2 of 24 after the updates, sampling noise not ruled out
+    # (docs/benchmarks.md, "The designer in the loop")
     "cpu-1.5b": dict(model="qwen2.5-coder-1.5b", doc_words=150, envs_per_step=8, skills_per_step=4, design_attempts=1,
                      regen_interval=1, steps=4, plays=4, hinted_plays=2, max_turns=3, designer_max_new_tokens=768,
                      hint_max_new_tokens=64, agent_max_new_tokens=48, agent_max_episode_tokens=144,

@@ -1,48 +1,58 @@
 import random
 import re
-import collections
 
 
 class OptimizationEnv:
-    """Find a sequence of numbers that meets a given condition."""
+    """Optimization: find a path from the start to the goal that minimizes the distance."""
 
     def __init__(self, max_turns=12, **kwargs):
         self.max_turns = max_turns
-        self.numbers = collections.defaultdict(int)
-        self.start = None
-        self.goal = None
+        self.start = (0, 0)
+        self.goal = (3, 3)
+        self.path = []
         self.turn_count = 0
-        self.solution = None
+        self.rng = random.Random(kwargs.get('seed', None))
+        self.generate_map()
+
+    def generate_map(self):
+        self.map = [['.' for _ in range(5)] for _ in range(5)]
+        self.map[0][0] = 'S'
+        self.map[4][4] = 'G'
+        self.generate_obstacles()
+
+    def generate_obstacles(self):
+        for _ in range(10):
+            x, y = self.rng.randint(1, 4), self.rng.randint(1, 4)
+            if (x, y) != self.start and (x, y) != self.goal:
+                self.map[x][y] = '#'
 
     def reset(self, seed=None):
-        rng = random.Random(seed)
-        self.numbers = collections.defaultdict(int)
-        self.start = rng.randint(1, 40)
-        self.goal = rng.randint(1, 40)
+        self.start = (0, 0)
+        self.goal = (3, 3)
+        self.path = []
         self.turn_count = 0
-        self.solution = None
-        return self._show("Find a sequence of numbers that meets the condition."), {}
+        self.rng = random.Random(seed)
+        self.generate_map()
+        return self._show("Find a path from (0, 0) to (3, 3) that minimizes the distance."), {}
 
     def _show(self, message):
-        return (f"{message}\nCurrent sequence: {self.numbers}\nStart: {self.start}\nGoal: {self.goal}\n"
-                f"Turn {self.turn_count}/{self.max_turns}. Answer like \\boxed{{2 4 6 8}}.")
+        return (f"{message}\nMap: {self.map}\nPath: {self.path}\nTurn {self.turn_count}/{self.max_turns}. Answer like \\boxed{{(x1 y1) (x2 y2)}}.")
 
     def step(self, action):
         self.turn_count += 1
         truncated = self.turn_count >= self.max_turns
         match = re.search(r"\\boxed\{([^}]*)\}", action)
         parts = match.group(1).split() if match else []
-        if len(parts) != 4 or not all(p.isdigit() for p in parts):
-            return self._show("Invalid action: give four numbers."), 0.0, False, truncated, {}
-        x, y, z, w = map(int, parts)
-        if x < y and y < z and z < w:
-            if self.numbers[x] == 1 and self.numbers[y] == 1 and self.numbers[z] == 1 and self.numbers[w] == 1:
-                self.start = x
-                self.goal = w
-                self.solution = f"\\boxed{{{x} {y} {z} {w}}}"
-                return self._show("Solution found: \\boxed{{2 4 6 8}}."), 1.0, True, False, {}
-            return self._show("Use four numbers in increasing order."), 0.0, False, truncated, {}
-        return self._show("The numbers are not in increasing order."), 0.0, False, truncated, {}
-
-    def solution(self):
-        return self.solution
+        if len(parts) != 2 or len(parts) > 3 or not all(p.isdigit() for p in parts):
+            return self._show("Invalid action: give two coordinates or three coordinates."), 0.0, False, truncated, {}
+        x1, y1, x2, y2 = int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3])
+        if (x1, y1) == (x2, y2):
+            return self._show("Move in four directions, not straight."), 0.0, False, truncated, {}
+        if (x1, y1) not in self.path or (x2, y2) not in self.path:
+            return self._show("Move in four directions, not straight."), 0.0, False, truncated, {}
+        if (x1, y1) == self.start or (x2, y2) == self.goal:
+            return self._show("You reached the goal!"), 1.0, True, False, {}
+        if (x1, y1) == (x2, y2):
+            return self._show("Move in four directions, not straight."), 0.0, False, truncated, {}
+        self.path.extend([(x1, y1), (x2, y2)])
+        return self._show(f"Current path: {self.path}\nTurn {self.turn_count}/{self.max_turns}. Answer like \\boxed{{(x1 y1) (x2 y2)}}."),

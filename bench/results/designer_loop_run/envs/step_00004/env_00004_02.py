@@ -2,47 +2,57 @@ import random
 import re
 
 
-class HiddenMathEnv:
-    """Find two different numbers in the list whose sum is the target."""
+class MathOperationEnv:
+    """Solve a simple mathematical operation."""
 
     def __init__(self, max_turns=12, **kwargs):
         self.max_turns = max_turns
-        self.numbers = []
-        self.target = None
+        self.operation = random.choice(["addition", "subtraction", "multiplication", "division"])
+        self.numbers = [random.randint(1, 20) for _ in range(2)]
+        self.target = self.numbers[0] + self.numbers[1] if self.operation == "addition" else self.numbers[0] - self.numbers[1]
         self.turn_count = 0
-        self.discovered = False
+        self.current_number = self.numbers[0]
+        self.result = None
+        self.solved = False
 
     def reset(self, seed=None):
         rng = random.Random(seed)
-        self.numbers = rng.sample(range(1, 40), 6)
-        self.target = rng.randint(2, 20)
+        self.operation = random.choice(["addition", "subtraction", "multiplication", "division"])
+        self.numbers = [random.randint(1, 20) for _ in range(2)]
+        self.target = self.numbers[0] + self.numbers[1] if self.operation == "addition" else self.numbers[0] - self.numbers[1]
         self.turn_count = 0
-        self.discovered = False
-        return self._show("Find two different numbers from the list that add up to the target."), {}
+        self.current_number = self.numbers[0]
+        self.result = None
+        self.solved = False
+        return self._show(f"Calculate {self.operation} of {self.numbers[0]} and {self.numbers[1]}."), {}
 
     def _show(self, message):
         return (f"{message}\nNumbers: {self.numbers}\nTarget: {self.target}\n"
-                f"Turn {self.turn_count}/{self.max_turns}. Answer like \\boxed{{3 12}}.")
+                f"Turn {self.turn_count}/{self.max_turns}. Answer like \\boxed{{result}}.")
 
     def step(self, action):
         self.turn_count += 1
         truncated = self.turn_count >= self.max_turns
         match = re.search(r"\\boxed\{([^}]*)\}", action)
-        parts = match.group(1).split() if match else []
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            return self._show("Invalid action: give two numbers."), 0.0, False, truncated, {}
-        x, y = int(parts[0]), int(parts[1])
-        if x == y or x not in self.numbers or y not in self.numbers:
-            return self._show("Use two different numbers from the list."), 0.0, False, truncated, {}
-        if x + y == self.target:
-            self.discovered = True
-            return f"Correct: {x} + {y} = {self.target}.", 1.0, True, False, {}
-        return self._show(f"{x} + {y} = {x + y}, not {self.target}."), 0.0, False, truncated, {}
+        result = match.group(1) if match else None
+        if result is None or not result.isdigit():
+            return self._show("Invalid action: give the result."), 0.0, False, truncated, {}
+        result = int(result)
+        if self.result is None:
+            self.result = result
+        if self.result != self.target:
+            return self._show(f"{self.result} is not the target. Try again."), 0.0, False, truncated, {}
+        self.solved = True
+        return f"Correct: {self.operation} of {self.numbers[0]} and {self.numbers[1]} equals {self.target}.", 1.0, True, False, {}
 
     def solution(self):
-        if self.discovered:
-            for x in self.numbers:
-                for y in self.numbers:
-                    if x < y and x + y == self.target:
-                        return f"\\boxed{{{x} {y}}}"
-        return "No solution found."
+        if not self.solved:
+            return "No solution available."
+        if self.operation == "addition":
+            return f"\\boxed{{{self.numbers[0]} + {self.numbers[1]}}}"
+        elif self.operation == "subtraction":
+            return f"\\boxed{{{self.numbers[0]} - {self.numbers[1]}}}"
+        elif self.operation == "multiplication":
+            return f"\\boxed{{{self.numbers[0]} * {self.numbers[1]}}}"
+        elif self.operation == "division":
+            return f"\\boxed{{{self.numbers[0]} / {self.numbers[1]}}}"
