@@ -36,6 +36,7 @@ import json
 import random
 import re
 import shutil
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import envs
@@ -163,7 +164,6 @@ def collect(source: str, max_turns: int, timeout: float) -> list[dict]:
 # writing a package
 
 def metadata(item: dict, fmt: str, package: str, max_turns: int, timeout: float, load: str) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
     try:
         spade_version = version("spade-mini")
     except PackageNotFoundError:
@@ -306,8 +306,8 @@ class SpadeEnv(gymnasium.Env):
         self.game.close()
 
 
-if ENV_ID not in gymnasium.registry:
-    gymnasium.register(id=ENV_ID, entry_point=SpadeEnv)
+gymnasium.registry.pop(ENV_ID, None)   # this package's own class, even where an older export registered first
+gymnasium.register(id=ENV_ID, entry_point=SpadeEnv)
 ''',
     "gem": HEADER + '''
 import gem
@@ -331,8 +331,8 @@ class SpadeEnv(gem.Env):
         self.game.close()
 
 
-if ENV_ID not in ENV_REGISTRY:
-    gem.register(ENV_ID, SpadeEnv)
+ENV_REGISTRY.pop(ENV_ID, None)   # this package's own class, even where an older export registered first
+gem.register(ENV_ID, SpadeEnv)
 ''',
     "openenv": HEADER + '''
 import uuid
