@@ -15,9 +15,11 @@ What each format's package holds (PKG is `spade_<name>`, a Python package; `harb
   `gymnasium.make("PKG:spade/<Class>-v0")`, which imports PKG. Observations and actions are str (a Text-like space).
 * `gem`: PKG/__init__.py defines a `gem.core.Env` subclass and registers `spade/<Class>-v0` with GEM's registry;
   load with `import PKG; gem.make("spade/<Class>-v0")`.
-* `verifiers`: PKG/__init__.py has `load_environment()` returning a `verifiers.MultiTurnEnv` whose dataset rows are
-  reset seeds; load with `verifiers.load_environment("spade-<name>")`. Each user turn is the environment's
-  observation, each assistant reply goes to step() as spade-mini's agent loop reads it (`envs.to_action`).
+* `verifiers` (0.4.0, its v1 API): PKG is a taskset package whose `__all__` exports a `Taskset` (one task a reset
+  seed, its prompt the first observation) and an `Env` whose game plays the user; load with
+  `verifiers.v1.utils.loaders.load_taskset(TasksetConfig(id="spade-<name>"))` and `environment_class(...)`. Each
+  assistant reply goes to step() as spade-mini's agent loop reads it (`envs.to_action`), each observation comes
+  back as the user turn, the episode's return is the reward `episode_return`.
 * `openenv`: PKG/__init__.py defines an OpenEnv `Environment` (server side) with its Action and Observation types;
   load in process with `PKG.load_environment()` or serve it with OpenEnv's own app factory.
 * `harbor`: a Harbor task directory (task.toml, instruction.md, environment/, tests/, solution/). CONTAINER-ONLY:
@@ -191,7 +193,7 @@ def package_files(item: dict, fmt: str, max_turns: int, timeout: float, seed: in
     env_id = f"spade/{item['name']}-v0"
     load = {"gymnasium": f'gymnasium.make("{package}:{env_id}")',
             "gem": f'import {package}; gem.make("{env_id}")',
-            "verifiers": f'verifiers.load_environment("{package.replace("_", "-")}")',
+            "verifiers": f'verifiers.v1.utils.loaders.load_taskset(TasksetConfig(id="{package.replace("_", "-")}"))',
             "openenv": f"{package}.load_environment()"}[fmt]
     meta = metadata(item, fmt, package, max_turns, timeout, load)
     fields = dict(package=package, env_id=env_id, load=load, name=item["name"], fmt=fmt,
@@ -475,6 +477,8 @@ README = """# @{package}@: a spade-mini environment for @{fmt}@
 
 @{about}@
 
+Load: `@{load}@`
+
 ## Load it
 
 ```
@@ -676,6 +680,8 @@ def harbor_files(item: dict, max_turns: int, timeout: float, seed: int = 0) -> t
 HARBOR_README = """# @{package}@: a spade-mini environment as a Harbor task (CONTAINER-ONLY)
 
 @{about}@
+
+Load: `@{load}@`
 
 **Container-only.** Harbor runs a task in a container; this task's game runs there, in spade-mini's sandbox
 inside the container (`environment/Dockerfile` copies the spade-mini modules `spade-mini play` needs). Nothing
