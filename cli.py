@@ -1,4 +1,4 @@
-"""The `spade-mini` command line: train, validate, play, score, conform, eval, report, plan.
+"""The `spade-mini` command line: train, validate, play, score, conform, eval, report, plan, export.
 
 A support module (a first read of the method may skip it). `train`'s flags are generated from runs.Config
 (`--group-size` <-> `cfg.group_size`, the field's trailing comment is its help). Bad input of any kind ends in
@@ -46,6 +46,8 @@ COMMANDS = {
     "eval": "held-out evaluation: reasoning-gym or BFCL v4 multi-turn, and an environment pool",
     "report": "write RUN_DIR/report/index.html: plots and environments",
     "plan": "the GPU memory of each phase of a run, whether it fits the card, and the geometry chosen",
+    "export": "wrap a valid environment, or a run's accepted ones, as a package Gymnasium, OpenEnv, verifiers, GEM "
+              "or Harbor loads; it still runs in the sandbox",
 }
 
 
@@ -820,6 +822,22 @@ def cmd_report(run_dir: str) -> int:
 
 
 # -----------------------------------------------------------------------------------------------------------
+# spade-mini export
+
+def cmd_export(args: dict) -> int:
+    """One package per environment (export.py); the environment program is copied, never rewritten, and still
+    runs in the sandbox behind the wrapper (harbor: in a container, and says so)."""
+    import export
+    written = export.export(args["source"], args["format"], args["out"], args["max_turns"], args["timeout"],
+                            args["seed"])
+    for root, load in written:
+        print(f"{root}: {load}")
+    if args["format"] == "harbor":
+        print(export.CONTAINER_ONLY)
+    return 0
+
+
+# -----------------------------------------------------------------------------------------------------------
 # the parser, and main
 
 def positive(kind):
@@ -889,6 +907,20 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
                                                                    "(after a deliberate change: review the diff)")
     add_eval_flags(p["eval"])
     p["report"].add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    p["export"].add_argument("source", metavar="ENV_OR_RUN", help="an environment program (.py: validated first, "
+                             "a rejected one is not exported) or a run directory (every designed environment its "
+                             "validation accepted, with its hint, verdict and scores)")
+    p["export"].add_argument("--format", required=True, choices=("gymnasium", "openenv", "verifiers", "gem", "harbor"),
+                             help="gymnasium: gymnasium.make('PKG:spade/NAME-v0'); gem: import PKG, "
+                             "gem.make('spade/NAME-v0'); verifiers: a taskset, --taskset.id PKG; openenv: an "
+                             "Environment, PKG.load_environment() or OpenEnv's create_app; harbor: a task directory, "
+                             "container-only. Each package's README says how to load it")
+    p["export"].add_argument("--out", required=True, help="directory the packages are written into (one per "
+                             "environment; an existing package is never overwritten)")
+    p["export"].add_argument("--max-turns", type=positive(int), default=12, help="turn cap, as play's")
+    p["export"].add_argument("--timeout", type=positive(float), default=5.0, help="seconds per environment call")
+    p["export"].add_argument("--seed", type=int, default=0, help="harbor: the task's reset seed (one task, one "
+                             "episode); the other formats take the seed at reset")
     parser.commands = p
     return parser
 
@@ -910,6 +942,8 @@ def run_command(args: dict) -> int:
         return cmd_report(args["run_dir"])
     if command == "plan":
         return cmd_plan(args)
+    if command == "export":
+        return cmd_export(args)
     return cmd_train(args)
 
 

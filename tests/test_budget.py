@@ -56,11 +56,11 @@ def test_no_function_of_the_method_modules_is_longer_than_a_screen():
     assert not long, long
 
 
-def test_at_most_eleven_top_level_modules_and_each_is_installed():
-    """Five method modules and six support ones (the report's figures and pages moved out of cli.py, which had
-    grown to 1,064 lines, a third of them the report)."""
+def test_at_most_twelve_top_level_modules_and_each_is_installed():
+    """Five method modules and seven support ones (the report's figures and pages moved out of cli.py, which had
+    grown to 1,064 lines, a third of them the report; export.py wraps environments for other libraries)."""
     modules = sorted(PROJECT)
-    assert len(modules) <= 11, modules
+    assert len(modules) <= 12, modules
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert sorted(config["tool"]["setuptools"]["py-modules"]) == modules
 
