@@ -18,7 +18,7 @@ import export
 
 ROOT = Path(__file__).resolve().parent.parent
 CUPS = ROOT / "examples" / "cups.py"
-RUN = ROOT / "bench" / "results" / "designer_loop_run"   # a real run: 7 designed programs accepted
+RUN = ROOT / "bench" / "results" / "designer_loop_run"   # a real run: 10 designed programs accepted
 SEED, ACTIONS = 11, ["3", "2", "1"]   # three different cups: the episode always ends in a win, reward 1.0
 
 
@@ -150,7 +150,7 @@ def test_a_run_exports_every_accepted_environment_with_its_hint_verdict_and_scor
     accepted = {f"env_{r['step']:05d}_{r['slot']:02d}": r["verdict"] for r in rows
                 if r["kind"] == "design" and r["verdict"]["valid"]}
     written = export.export(str(RUN), "gymnasium", str(tmp_path))
-    assert sorted(root.name for root, _ in written) == sorted(f"spade_{e}" for e in accepted) and len(accepted) == 7
+    assert sorted(root.name for root, _ in written) == sorted(f"spade_{e}" for e in accepted) and len(accepted) == 10
     for root, _ in written:
         env_id = root.name.removeprefix("spade_")
         meta = json.loads((root / root.name / export.METADATA).read_text())

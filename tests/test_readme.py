@@ -170,3 +170,17 @@ def test_the_readme_states_the_method_modules_line_budget_that_test_budget_holds
     stated = re.search(r"at most ([\d,]+) lines together", README)[1]
     assert int(stated.replace(",", "")) == budget, (stated, budget)
 
+
+
+def test_the_readme_states_each_time_once_in_one_table():
+    """A reader finds how long anything takes in one place, each time once, with its machine: outside the section
+    'How long things take' the README gives no duration, and inside it no duration is repeated."""
+    duration = r"\b\d[\d,.]*(?:–\d[\d,.]*)? (?:min|s|ms|h|hours?|days?)\b(?: \d+ s\b)?"
+    section = README.split("## How long things take", 1)[1].split("\n## ", 1)[0]
+    elsewhere = README.replace(section, "")
+    assert re.findall(duration, outside_code_blocks(elsewhere)) == []
+    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| what")]
+    times = [re.findall(duration, r.split(" | ")[1]) for r in rows]
+    flat = [t for ts in times for t in ts]
+    assert len(rows) >= 10 and len(flat) == len(set(flat)), flat
+    assert all(r.count(" | ") >= 3 and r.split(" | ")[2].strip() for r in rows)   # each names its machine
