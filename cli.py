@@ -31,6 +31,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import envs
+import export
 import runs
 from runs import InputError
 import regret
@@ -827,7 +828,6 @@ def cmd_report(run_dir: str) -> int:
 def cmd_export(args: dict) -> int:
     """One package per environment (export.py); the environment program is copied, never rewritten, and still
     runs in the sandbox behind the wrapper (harbor: in a container, and says so)."""
-    import export
     written = export.export(args["source"], args["format"], args["out"], args["max_turns"], args["timeout"],
                             args["seed"])
     for root, load in written:
@@ -910,7 +910,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["export"].add_argument("source", metavar="ENV_OR_RUN", help="an environment program (.py: validated first, "
                              "a rejected one is not exported) or a run directory (every designed environment its "
                              "validation accepted, with its hint, verdict and scores)")
-    p["export"].add_argument("--format", required=True, choices=("gymnasium", "openenv", "verifiers", "gem", "harbor"),
+    p["export"].add_argument("--format", required=True, choices=export.FORMATS,
                              help="gymnasium: gymnasium.make('PKG:spade/NAME-v0'); gem: import PKG, "
                              "gem.make('spade/NAME-v0'); verifiers: a taskset, --taskset.id PKG; openenv: an "
                              "Environment, PKG.load_environment() or OpenEnv's create_app; harbor: a task directory, "

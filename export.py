@@ -132,6 +132,7 @@ def from_run(root: Path) -> list[dict]:
     verdicts = {}
     for row in runs.read_jsonl(root / "samples.jsonl") if (root / "samples.jsonl").exists() else []:
         if row.get("kind") == "design" and isinstance(row.get("verdict"), dict) and row["verdict"].get("valid"):
+            # train.env_id's name for a designed slot (train itself is not imported: it imports torch)
             verdicts[f"env_{row['step']:05d}_{row['slot']:02d}"] = row["verdict"]
     found = []
     for program in sorted(root.glob("envs/step_*/env_*.py")):
