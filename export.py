@@ -643,7 +643,7 @@ timeout_sec = 1800.0
 build_timeout_sec = 600.0
 cpus = 1
 memory_mb = 2048
-allow_internet = false
+network_mode = "no-network"
 '''
 
 INSTRUCTION = '''Play a text game to its end and try to win it.

@@ -1,7 +1,8 @@
 """`spade-mini export`: each format's package is loaded with the real library's own loader and plays a seeded
 episode whose observations and rewards equal `spade-mini play --actions` (cli.play_scripted) on the same seed;
-the program is copied byte for byte; invalid input is one line and exit 2. The libraries are the `ecosystem` extra
-(gem-llm and harbor apart: README); a test whose library is absent skips and says why."""
+the program is copied byte for byte; invalid input is one line and exit 2. A test that needs a library is marked
+`library(module, side)`: it runs here where the library imports, else in the interpreter .ci/run made for it
+(tests/conftest.py; openenv, verifiers and harbor cannot install beside the project), else it skips and says why."""
 import asyncio
 import hashlib
 import json
@@ -9,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,7 @@ def play_gym_like(env, seed: int = SEED, actions: list = ACTIONS) -> tuple[list,
     return observations, rewards
 
 
+@pytest.mark.library("gymnasium", "ecosystem")
 def test_gymnasium_make_loads_the_export_and_plays_as_spade_mini_play(exported):
     gymnasium = pytest.importorskip("gymnasium", reason="gymnasium is not installed (pip install -e '.[ecosystem]')")
     exported("gymnasium")
@@ -66,6 +69,7 @@ def test_gymnasium_make_loads_the_export_and_plays_as_spade_mini_play(exported):
     assert play_gym_like(env) == reference()
 
 
+@pytest.mark.library("gem", "ecosystem")
 def test_gem_make_loads_the_export_and_plays_as_spade_mini_play(exported):
     gem = pytest.importorskip("gem", reason="gem-llm is not installed (pip install --no-deps gem-llm==0.1.0: README)")
     exported("gem")
@@ -170,6 +174,7 @@ def test_an_existing_package_is_never_overwritten(tmp_path, capsys):
 # -----------------------------------------------------------------------------------------------------------
 # openenv, verifiers, harbor
 
+@pytest.mark.library("openenv", "ecosystem")
 def test_openenv_serves_the_export_with_its_own_app_and_plays_as_spade_mini_play(exported):
     pytest.importorskip("openenv.core.env_server.http_server", reason="openenv is not installed "
                         "(pip install -e '.[ecosystem]')")
@@ -192,6 +197,7 @@ def test_openenv_serves_the_export_with_its_own_app_and_plays_as_spade_mini_play
     assert (observations, rewards) == reference()
 
 
+@pytest.mark.library("verifiers", "verifiers")
 def test_verifiers_loads_the_export_as_a_taskset_and_its_env_plays_as_spade_mini_play(exported):
     """verifiers 0.4.0 loads a taskset package by id (its loaders import it and take the Taskset and Env its
     __all__ exports). The model's side is a scripted stand-in for verifiers' Interaction (no LLM here): it gives
@@ -247,12 +253,17 @@ def harbor_game(root: Path, tmp_path: Path, *args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.library("harbor", "harbor")
 def test_harbor_loads_the_exported_task(exported):
     pytest.importorskip("harbor.models.task.task", reason="harbor is not installed: harbor 0.25.0 requires "
                         "Python >= 3.12 (README)")
+    from harbor.models.task.config import NetworkMode
     from harbor.models.task.task import Task
-    task = Task(exported("harbor"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no field of task.toml is one Harbor has deprecated (allow_internet was)
+        task = Task(exported("harbor"))
     assert "game" in task.instruction and "CONTAINER-ONLY" in task.config.metadata["isolation"]
+    assert task.config.environment.network_mode == NetworkMode.NO_NETWORK
 
 
 def test_harbor_task_played_with_its_game_command_and_replayed_by_its_verifier_is_spade_mini_play(exported,
