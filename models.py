@@ -11,6 +11,7 @@ step's work is this process's, and the few collectives that make N processes tak
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -726,12 +727,13 @@ def bf16_weights(model):
         with lora_merged(model):
             yield
         return
-    with lora_merged(model, torch.bfloat16):   # the LoRA layers' base weights: bf16 from here on
-        yield from _bf16_rest(model)
+    with lora_merged(model, torch.bfloat16), _bf16_rest(model), _packed_linears(model):
+        yield
 
 
+@contextlib.contextmanager
 def _bf16_rest(model):
-    """bf16_weights' body: bf16 copies of the parameters still fp32, yielded inside, put back after."""
+    """bf16 copies of the parameters still fp32, put in for the block, the originals put back after."""
     saved = [(m, name, p) for m in model.modules() for name, p in list(m.named_parameters(recurse=False))
              if p.dtype == torch.float32]
     copies = {id(p): p for _, _, p in saved}   # a tied weight (SmolLM2's embedding and LM head) gets one copy
@@ -744,6 +746,42 @@ def _bf16_rest(model):
     finally:
         for m, name, p in saved:
             setattr(m, name, p)
+
+
+@contextlib.contextmanager
+def _packed_linears(model):
+    """Inside bf16_weights: each bf16 linear layer computes from its weight in oneDNN's blocked layout
+    (torch.ops.mkldnn._reorder_linear_weight, the layout torch's inductor freezes CPU linears into), set up once
+    per call instead of oneDNN re-reading the plain layout at every step. Bit-identical outputs
+    (tests/test_engine.py); at the designer's 6 rows a Qwen2.5-1.5B MLP weight streams at 27 GB/s instead of
+    14 (1.0 vs 1.9 ms, 2-core Xeon with avx512_bf16), which a decode step is made of (bench/designer_cost.py).
+
+    The packed weight replaces the plain one, so it costs no memory, except where the weight is tied to another
+    module (an LM head sharing the embedding: the embedding keeps the plain one, the head gets a packed copy,
+    0.47 GB for the 1.5B). The LoRA's own A and B are off inside bf16_weights and are left alone.
+    subtle: the plain bf16 weight is not put back after; bf16_weights' outer contexts put the fp32 originals
+    back over it, which is why this is private to bf16_weights."""
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        yield
+        return
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    linears = [m for name, m in model.named_modules() if type(m) is torch.nn.Linear and "lora_" not in name
+               and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu"]
+    try:
+        with torch.no_grad():
+            for m in linears:
+                packed = torch.ops.mkldnn._reorder_linear_weight(m.weight, 1)
+                if owners[id(m.weight)] == 1:
+                    m.weight = torch.nn.Parameter(packed, requires_grad=False)   # the plain copy is freed
+                m.forward = lambda x, w=packed, b=m.bias: torch.ops.mkldnn._linear_pointwise(x, w, b, "none",
+                                                                                          [None], "")
+        yield
+    finally:
+        for m in linears:
+            m.__dict__.pop("forward", None)
 
 
 def _free_memory_bytes() -> float:
@@ -955,15 +993,35 @@ def native_bf16_cpu() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
+@functools.cache
+def bf16_matmul_speedup() -> float:
+    """How many times faster this CPU multiplies in bf16 than in fp32, measured once per process: a
+    512 x 1536 @ 1536 x 1536 matmul, the best of 3 in each dtype (~0.1 s).
+
+    subtle: the flags do not say it. With avx512_bf16 and no AMX, a 2-core Intel Xeon ran bf16 at 0.53x fp32
+    (165 vs 320 GFLOP/s); a 2-core AMD EPYC with avx512_bf16 at 2.6x (356 vs 136, bench/designer_cost.py)."""
+    a, b = torch.randn(512, 1536), torch.randn(1536, 1536)
+
+    def best(x, y):
+        times = []
+        for _ in range(4):   # the first is a warm-up
+            t = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - t)
+        return min(times[1:])
+    return best(a, b) / best(a.bfloat16(), b.bfloat16())
+
+
 def bf16_autocast(mode: str, model) -> bool:
-    """--train-bf16: whether the update and its log-prob passes run under bf16 autocast. auto: an fp32 model on a
-    CPU with native bf16 (bench/bf16_update.py, SmolLM2 here: the update's forward and backward 1.72x faster,
-    LoRA gradient at cosine 0.994 of fp32's, log-probs within 0.009 on average, 0.30 at most); on CUDA the
-    weights already compute in bf16. The LoRA weights stay fp32 (autocast
+    """--train-bf16 and --generate-bf16: whether the update and its log-prob passes run under bf16 autocast, or
+    generate from bf16 weights. auto: an fp32 model on a CPU with native bf16 whose bf16 matmuls are measured at
+    least 1.2x faster than fp32 (bf16_matmul_speedup; bench/bf16_update.py, SmolLM2 on an AMX CPU: the update's
+    forward and backward 1.72x faster, LoRA gradient at cosine 0.994 of fp32's, log-probs within 0.009 on
+    average, 0.30 at most); on CUDA the weights already compute in bf16. The LoRA weights stay fp32 (autocast
     casts each matmul's inputs, not the parameters), and the LM head stays fp32 (spade_mini._chunk_logprobs)."""
     if mode == "auto":
         return getattr(model, "device", None) is not None and model.device.type == "cpu" and \
-            model.dtype == torch.float32 and native_bf16_cpu()
+            model.dtype == torch.float32 and native_bf16_cpu() and bf16_matmul_speedup() >= 1.2
     return mode == "on"
 
 

@@ -3,8 +3,8 @@
 * the machine: a 2048 x 1536 x 8960 matmul (Qwen2.5-1.5B's MLP shape) in fp32 and bf16, and a 1 GiB tensor copy
   (the memory bandwidth);
 * the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the
-  weights, the LoRA merged in) on ROWS designer-sized prompts, timed twice (1 new token, then 1 + STEPS) so
-  that the difference is decode alone; its bound is the bytes a decode step must read (the weights in the dtype
+  weights, the LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged) on ROWS
+  designer-sized prompts, each step timed by the loop's own token counter (the median of STEPS); its bound is the bytes a decode step must read (the weights in the dtype
   they decode in, plus the rows' KV cache) over the copy bandwidth, and the ratio is bound / measured;
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto) with gradient checkpointing on and off; useful FLOPs are the forward and the backward
@@ -74,6 +74,7 @@ def main() -> None:
              if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
     report(out, "cpu", names[0] if names else os.uname().machine)
     report(out, "native_bf16", models.native_bf16_cpu())
+    report(out, "bf16_matmul_speedup", round(models.bf16_matmul_speedup(), 2))
     report(out, "threads", torch.get_num_threads())
     report(out, "load_average_at_start", round(os.getloadavg()[0], 2))
     peaks = {"fp32": matmul_gflops(torch, torch.float32), "bf16": matmul_gflops(torch, torch.bfloat16)}
@@ -98,14 +99,19 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(200, 20000, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.rows)]
     kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=0, bf16=bf16)
+    stamps = []
+
+    class Stamped(models._CountTokens):   # the loop's token counter, with the time of each put
+        def put(self, value):
+            stamps.append(time.perf_counter())
+            super().put(value)
+    models._CountTokens = Stamped
     t = time.perf_counter()
-    models.generate(model, tok, prompts, max_new_tokens=1, **kw)
-    prefill_s = time.perf_counter() - t
-    t = time.perf_counter()
-    outs = models.generate(model, tok, prompts, max_new_tokens=1 + args.steps, **kw)
-    decode_s = (time.perf_counter() - t - prefill_s) / args.steps
-    if min(len(o.completion_ids) for o in outs) < 1 + args.steps:
-        print("note: a row stopped early; the decode step is timed on the rows still running", flush=True)
+    models.generate(model, tok, prompts, max_new_tokens=1 + args.steps, **kw)
+    prefill_s = stamps[1] - t   # weight copies, the prompt's prefill and the first token
+    steps = [b - a for a, b in zip(stamps[1:], stamps[2:])]   # one decode step each (all rows, finished ones too)
+    decode_s = sorted(steps)[len(steps) // 2]
+    report(out, "decode_steps_timed", len(steps))
     dtype_bytes = 2 if bf16 else 4
     head_bytes = embed * dtype_bytes   # the LM head reads its whole weight every step
     kv_bytes = args.rows * layers * 2 * kv_width * (args.prompt_tokens + args.steps / 2) * dtype_bytes

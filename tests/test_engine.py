@@ -1,6 +1,7 @@
 """The rollout engine's parts against the plain versions they replace (models.py): the Sampler against HF's own
 warpers, the growing KV cache against DynamicCache, merged LoRA against the adapter, shared prefill against
 a prefill per row, and the sampler's recorded log-probs against the update's token_logprobs."""
+import contextlib
 import os
 
 import pytest
@@ -186,7 +187,18 @@ def test_a_bf16_autocast_update_keeps_the_fp32_gradient_direction(tiny_model):
     assert not torch.equal(grads[0], grads[1])    # bf16 did run
     assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.95
     assert models.bf16_autocast("off", model) is False and models.bf16_autocast("on", model) is True
-    assert models.bf16_autocast("auto", model) is models.native_bf16_cpu()
+    assert models.bf16_autocast("auto", model) is (models.native_bf16_cpu() and models.bf16_matmul_speedup() >= 1.2)
+
+
+def test_auto_bf16_follows_the_measured_matmul_speed_not_the_flags(tiny_model, monkeypatch):
+    """A CPU that says avx512_bf16 but multiplies bf16 at half fp32's speed (a 2-core Xeon without AMX) gets fp32
+    under auto; one that multiplies it 2.6x faster gets bf16."""
+    model, _ = tiny_model
+    monkeypatch.setattr(models, "native_bf16_cpu", lambda: True)
+    for speedup, expected in [(0.53, False), (2.6, True)]:
+        monkeypatch.setattr(models, "bf16_matmul_speedup", lambda s=speedup: s)
+        assert models.bf16_autocast("auto", model) is expected
+    assert models.bf16_autocast("on", model) is True   # asked for, it is on whatever the speed
 
 
 def test_merged_lora_is_skipped_when_its_copies_would_not_fit_in_memory(tiny_model, monkeypatch):
@@ -278,7 +290,7 @@ def test_bf16_weights_merge_the_lora_straight_into_bf16_copies(tiny_model, monke
                         lambda m, dtype=torch.float32: merges.append(dtype) or real_merge(m, dtype))
     try:
         with models.bf16_weights(model):
-            assert all(b.weight.dtype == torch.bfloat16 and torch.equal(b.weight, e)
+            assert all(b.weight.dtype == torch.bfloat16 and torch.equal(dense(b.weight), e)
                        for (b, _), e in zip(before, expected))
         assert merges == [torch.bfloat16]      # one merge, into bf16: no fp32 copy of the weights was made
         assert all(b.weight is w and w.dtype == torch.float32 for b, w in before)
@@ -286,6 +298,40 @@ def test_bf16_weights_merge_the_lora_straight_into_bf16_copies(tiny_model, monke
         with torch.no_grad():
             for m, b in zip(layers, saved_b):
                 m.lora_B["default"].weight.copy_(b)
+
+
+def test_packed_bf16_linears_sample_the_same_tokens_and_log_probs(tiny_model, monkeypatch):
+    """The lever of models._packed_linears against what it replaces (plain bf16 linears): the same tokens and
+    the same log-probs, bit for bit, over two turns and rows of different lengths; the layers compute from
+    packed weights inside the call (on a CPU with oneDNN's bf16), and after it every linear is as before."""
+    model, tok = tiny_model
+    prompts = [models.chat_ids(tok, "a prompt"), models.chat_ids(tok, "another, longer prompt, and more")]
+    kw = dict(temperature=0.9, top_p=0.95, top_k=20, bf16=True)
+
+    def two_turns():
+        first, batch = models.generate_turn(model, tok, [0, 1], prompts, None, [[], []], max_new_tokens=10, seed=1, **kw)
+        deltas = [models.observation_ids(tok, "next", r.completion_ids) for r in first]
+        second, _ = models.generate_turn(model, tok, [0, 1], [p + r.completion_ids + d for p, r, d in
+                                                              zip(prompts, first, deltas)], batch, deltas,
+                                         max_new_tokens=6, seed=2, **kw)
+        return [(r.completion_ids, r.logprobs) for r in first + second]
+
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    with models.bf16_weights(model):
+        packed = sum(m.weight.is_mkldnn for m in linears)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():   # every layer's weights and the (untied) head; not A, B
+        assert packed == 2 * 7 + 1 == len(linears) - 2 * 2 * 7
+    packed_run = two_turns()
+    assert not any("forward" in m.__dict__ for m in linears)
+    assert all(m.weight.dtype == torch.float32 and not m.weight.is_mkldnn for m in linears)
+    monkeypatch.setattr(models, "_packed_linears", lambda model: contextlib.nullcontext())
+    plain_run = two_turns()
+    assert packed_run == plain_run and any(ids for ids, _ in plain_run)
+
+
+def dense(weight: torch.Tensor) -> torch.Tensor:
+    """A weight as a plain tensor, whether bf16_weights left it plain or packed it (oneDNN's layout)."""
+    return weight.to_dense() if weight.is_mkldnn else weight
 
 
 def test_bf16_weights_keeps_a_tied_weight_one_copy():
