@@ -20,7 +20,7 @@ import export
 
 ROOT = Path(__file__).resolve().parent.parent
 CUPS = ROOT / "examples" / "cups.py"
-RUN = ROOT / "bench" / "results" / "designer_loop_run"   # a real run: 10 designed programs accepted
+RUN = ROOT / "bench" / "results" / "designer_loop_9bf151a_run"   # a real run: 10 designed programs accepted
 SEED, ACTIONS = 11, ["3", "2", "1"]   # three different cups: the episode always ends in a win, reward 1.0
 
 
