@@ -80,7 +80,7 @@ class Config:
     hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
     thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
-    generate_bf16: str = "off"          # CPU: design, hints, play from bf16 weight copies: auto (native bf16) | on | off
+    generate_bf16: str = "off"          # CPU: design, hints, play from bf16 weight copies: auto (bf16 measured faster) | on | off
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
     timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
@@ -109,7 +109,7 @@ class Config:
     play_wave: int = 0                  # episodes that decode together (0 = all; on CUDA the plan may lower it)
     gpu_gb: float = 0.0                 # GPU memory the plan sizes the run to (0 = free CUDA memory at start)
     max_grad_norm: float = 1.0          # gradient clipping
-    train_bf16: str = "auto"            # bf16 autocast of the update: auto (CPUs with native bf16) | on | off (fp32)
+    train_bf16: str = "auto"            # bf16 autocast of the update: auto (bf16 measured faster) | on | off (fp32)
     # sandbox
     call_timeout: float = 5.0           # seconds per environment call (init, reset, step)
     env_memory_mb: int = 1024           # address-space limit of one environment process
