@@ -4,8 +4,9 @@
   (the memory bandwidth);
 * the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the
   weights, the LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged) on ROWS
-  designer-sized prompts, each step timed by the loop's own token counter (the median of STEPS); its bound is the bytes a decode step must read (the weights in the dtype
-  they decode in, plus the rows' KV cache) over the copy bandwidth, and the ratio is bound / measured;
+  designer-sized prompts, each step timed by the loop's own token counter (the median of STEPS); its bound is
+  the bytes a decode step must read (the weights in the dtype they decode in, plus the rows' KV cache) over the
+  copy bandwidth, and the ratio is bound / measured;
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto) with gradient checkpointing on and off; useful FLOPs are the forward and the backward
   to the activations (4 x non-embedding parameters x tokens, plus attention 8 x layers x width x position),
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -110,7 +112,7 @@ def main() -> None:
     models.generate(model, tok, prompts, max_new_tokens=1 + args.steps, **kw)
     prefill_s = stamps[1] - t   # weight copies, the prompt's prefill and the first token
     steps = [b - a for a, b in zip(stamps[1:], stamps[2:])]   # one decode step each (all rows, finished ones too)
-    decode_s = sorted(steps)[len(steps) // 2]
+    decode_s = statistics.median(steps)
     report(out, "decode_steps_timed", len(steps))
     dtype_bytes = 2 if bf16 else 4
     head_bytes = embed * dtype_bytes   # the LM head reads its whole weight every step
