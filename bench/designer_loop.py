@@ -15,7 +15,10 @@ without its checkpoints (the adapter stays in --run), to bench/results/designer_
 --compare N: on the same documents and skills (the first window's seed and step), the untrained model and the
 run's final adapter each write N programs, which are validated, hinted and played as the loop does (the same
 weights as agent): valid share and novel-valid share with exact (Clopper-Pearson) 95% intervals, mean regret
-of the valid ones with a bootstrap interval.
+of the valid ones with a bootstrap interval. And the agent (the same weights): its unhinted return on the run's
+own valid model-written environments, at their first play (in their window, as the run logged it) and in each
+arm on new seeds; and on the learning bench's unseen games (bench/heldout/, the run's agent prompt and limits),
+beside a random valid action and the games' own solution() on the same seeds.
 """
 from __future__ import annotations
 
@@ -43,6 +46,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--windows", type=int, default=4, help="steps of the run (the preset's window is one step)")
     ap.add_argument("--no-train", action="store_true", help="only read --run")
     ap.add_argument("--compare", type=int, default=0, help="programs per arm of the untrained/final comparison")
+    ap.add_argument("--agent-plays", type=int, default=2, help="--compare: unhinted plays per model-written "
+                    "environment in each arm")
+    ap.add_argument("--unseen-episodes", type=int, default=16, help="--compare: episodes per arm on the learning "
+                    "bench's unseen games (bench/heldout/)")
     ap.add_argument("--keep", action="store_true", help="write bench/results/designer_loop.json and the run copy")
     return ap
 
@@ -199,7 +206,32 @@ def _f(x) -> str:
 # -----------------------------------------------------------------------------------------------------------
 # untrained vs the final adapter, on the same documents and skills
 
-def compare(run: Path, n: int) -> dict:
+def played_programs(run: Path) -> list[dict]:
+    """The run's valid model-written environments: window, id, code and the unhinted return of their first play."""
+    return [{"window": row["window"], "env_id": p["env"]["env_id"], "r_nohint_first": p["env"]["r_nohint"],
+             "code": (run / "envs" / f"step_{row['window']:05d}" / f"{p['env']['env_id']}.py").read_text()}
+            for row in window_rows(run) for p in row["programs"] if p["env"]]
+
+
+def agent_returns(model, tok, cfg, written: list[dict], plays: int, unseen: list, seed: int) -> dict:
+    """One arm's agent: mean unhinted return on the run's model-written environments (`plays` seeds each, the same
+    in both arms) and on the learning bench's unseen games (`unseen`: its EpisodeSpecs), with bootstrap
+    intervals."""
+    import envs
+    import learning
+    import spade_mini
+    specs = [spade_mini.EpisodeSpec(w["code"], envs.derive_seed(seed, -1, "compare-agent", k * plays + i), None, (k,),
+                                    cfg.agent_prompt, cfg.agent_reply_prefix)
+             for k, w in enumerate(written) for i in range(plays)]
+    out = {}
+    for name, chosen in (("model_written", specs), ("unseen", unseen)):
+        returns = [ep.episode_return for ep in learning.play(model, tok, cfg, chosen, seed)] if chosen else []
+        out[name] = {"episodes": len(returns), "mean_return": round(sum(returns) / len(returns), 4) if returns else None,
+                     "ci95": bootstrap_mean(returns)}
+    return out
+
+
+def compare(run: Path, n: int, agent_plays: int = 2, unseen_episodes: int = 16) -> dict:
     import envs
     import models
     import regret
@@ -212,6 +244,10 @@ def compare(run: Path, n: int) -> dict:
                                       cache_dir=cfg.cache_dir, seed=cfg.seed)
     final = runs.Run(str(run)).latest_checkpoint()
     references = [envs.example_program("games")] + [p.read_text() for p in sorted((run / "envs").glob("*/*.py"))]
+    import learning
+    written = played_programs(run)
+    files = sorted((ROOT / "bench" / "heldout").glob("*.py"))
+    unseen = learning.specs(files, unseen_episodes, cfg.seed, "compare-unseen", cfg.agent_prompt, cfg.agent_reply_prefix)
     arms = {}
     for arm in ("untrained", "final"):
         if arm == "final":
@@ -237,8 +273,19 @@ def compare(run: Path, n: int) -> dict:
                      "regret_ci95": bootstrap_mean(regrets), "reasons": dict(collections.Counter(
                          d.verdict.reason for d in designs)), "seconds": round(time.time() - t0, 1),
                      "classes": [d.verdict.class_name for d in designs if d.verdict.valid]}
+        t1 = time.time()
+        arms[arm]["agent"] = agent_returns(model, tok, cfg, written, agent_plays, unseen, cfg.seed)
+        arms[arm]["agent"]["seconds"] = round(time.time() - t1, 1)
         print(arm, json.dumps(arms[arm]), flush=True)
-    return {"adapter": str(final), "programs_per_arm": n, **arms}
+    first = [w["r_nohint_first"] for w in written]
+    scripted = learning.play_scripted(cfg, tok, unseen, [f.stem for f in files], cfg.seed) if unseen else {}
+    baselines = {policy: {"episodes": len(eps), "mean_return": round(sum(e.episode_return for e in eps) / len(eps), 4),
+                          "ci95": bootstrap_mean([e.episode_return for e in eps])}
+                 for policy, eps in scripted.items() if policy in ("random", "oracle")}
+    return {"adapter": str(final), "programs_per_arm": n, **arms,
+            "model_written_first_play": {"envs": len(first), "mean_r_nohint": round(sum(first) / len(first), 4)
+                                         if first else None, "ci95": bootstrap_mean(first)},
+            "unseen_baselines": baselines}
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -261,7 +308,7 @@ def main() -> None:
               "config": json.loads(next(iter((run / "metrics.jsonl").open())))["config"], "totals": total,
               "windows": rows}
     if args.compare:
-        result["compare"] = compare(run, args.compare)
+        result["compare"] = compare(run, args.compare, args.agent_plays, args.unseen_episodes)
     if args.keep:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "designer_loop.json").write_text(json.dumps(result, indent=1) + "\n")
