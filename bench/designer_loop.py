@@ -206,11 +206,18 @@ def _f(x) -> str:
 # -----------------------------------------------------------------------------------------------------------
 # untrained vs the final adapter, on the same documents and skills
 
-def played_programs(run: Path) -> list[dict]:
-    """The run's valid model-written environments: window, id, code and the unhinted return of their first play."""
+def played_programs(run: Path, rows: list[dict]) -> list[dict]:
+    """The run's valid model-written environments (rows: window_rows(run)): window, id, code and the unhinted
+    return of their first play."""
     return [{"window": row["window"], "env_id": p["env"]["env_id"], "r_nohint_first": p["env"]["r_nohint"],
              "code": (run / "envs" / f"step_{row['window']:05d}" / f"{p['env']['env_id']}.py").read_text()}
-            for row in window_rows(run) for p in row["programs"] if p["env"]]
+            for row in rows for p in row["programs"] if p["env"]]
+
+
+def mean_with_interval(values: list[float], count: str = "episodes", mean: str = "mean_return") -> dict:
+    """{count: how many, mean: their mean, "ci95": its bootstrap interval} (None, None when there are none)."""
+    return {count: len(values), mean: round(sum(values) / len(values), 4) if values else None,
+            "ci95": bootstrap_mean(values)}
 
 
 def agent_returns(model, tok, cfg, written: list[dict], plays: int, unseen: list, seed: int) -> dict:
@@ -223,16 +230,14 @@ def agent_returns(model, tok, cfg, written: list[dict], plays: int, unseen: list
     specs = [spade_mini.EpisodeSpec(w["code"], envs.derive_seed(seed, -1, "compare-agent", k * plays + i), None, (k,),
                                     cfg.agent_prompt, cfg.agent_reply_prefix)
              for k, w in enumerate(written) for i in range(plays)]
-    out = {}
-    for name, chosen in (("model_written", specs), ("unseen", unseen)):
-        returns = [ep.episode_return for ep in learning.play(model, tok, cfg, chosen, seed)] if chosen else []
-        out[name] = {"episodes": len(returns), "mean_return": round(sum(returns) / len(returns), 4) if returns else None,
-                     "ci95": bootstrap_mean(returns)}
-    return out
+    return {name: mean_with_interval([ep.episode_return for ep in learning.play(model, tok, cfg, chosen, seed)]
+                                     if chosen else [])
+            for name, chosen in (("model_written", specs), ("unseen", unseen))}
 
 
-def compare(run: Path, n: int, agent_plays: int = 2, unseen_episodes: int = 16) -> dict:
+def compare(run: Path, rows: list[dict], n: int, agent_plays: int = 2, unseen_episodes: int = 16) -> dict:
     import envs
+    import learning
     import models
     import regret
     import runs
@@ -244,8 +249,7 @@ def compare(run: Path, n: int, agent_plays: int = 2, unseen_episodes: int = 16) 
                                       cache_dir=cfg.cache_dir, seed=cfg.seed)
     final = runs.Run(str(run)).latest_checkpoint()
     references = [envs.example_program("games")] + [p.read_text() for p in sorted((run / "envs").glob("*/*.py"))]
-    import learning
-    written = played_programs(run)
+    written = played_programs(run, rows)
     files = sorted((ROOT / "bench" / "heldout").glob("*.py"))
     unseen = learning.specs(files, unseen_episodes, cfg.seed, "compare-unseen", cfg.agent_prompt, cfg.agent_reply_prefix)
     arms = {}
@@ -277,15 +281,12 @@ def compare(run: Path, n: int, agent_plays: int = 2, unseen_episodes: int = 16) 
         arms[arm]["agent"] = agent_returns(model, tok, cfg, written, agent_plays, unseen, cfg.seed)
         arms[arm]["agent"]["seconds"] = round(time.time() - t1, 1)
         print(arm, json.dumps(arms[arm]), flush=True)
-    first = [w["r_nohint_first"] for w in written]
     scripted = learning.play_scripted(cfg, tok, unseen, [f.stem for f in files], cfg.seed) if unseen else {}
-    baselines = {policy: {"episodes": len(eps), "mean_return": round(sum(e.episode_return for e in eps) / len(eps), 4),
-                          "ci95": bootstrap_mean([e.episode_return for e in eps])}
-                 for policy, eps in scripted.items() if policy in ("random", "oracle")}
     return {"adapter": str(final), "programs_per_arm": n, **arms,
-            "model_written_first_play": {"envs": len(first), "mean_r_nohint": round(sum(first) / len(first), 4)
-                                         if first else None, "ci95": bootstrap_mean(first)},
-            "unseen_baselines": baselines}
+            "model_written_first_play": mean_with_interval([w["r_nohint_first"] for w in written], "envs",
+                                                           "mean_r_nohint"),
+            "unseen_baselines": {policy: mean_with_interval([e.episode_return for e in eps])
+                                 for policy, eps in scripted.items() if policy in ("random", "oracle")}}
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ def main() -> None:
               "config": json.loads(next(iter((run / "metrics.jsonl").open())))["config"], "totals": total,
               "windows": rows}
     if args.compare:
-        result["compare"] = compare(run, args.compare, args.agent_plays, args.unseen_episodes)
+        result["compare"] = compare(run, rows, args.compare, args.agent_plays, args.unseen_episodes)
     if args.keep:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "designer_loop.json").write_text(json.dumps(result, indent=1) + "\n")
