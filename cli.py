@@ -30,13 +30,20 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import envs
-import export
-import runs
-from runs import InputError
-import regret
-from isolation import isolation_report
-from sandbox import Limits, SandboxError
+# note: torch's CPU allocator asks the kernel for 2 MB pages (MADV_HUGEPAGE) for buffers of 2 MB and more when
+# THP_MEM_ALLOC_ENABLE is set when torch first allocates, so before anything imports it. Each fresh 64 MB
+# activation otherwise faults in 4 KB at a time: the 1.5B's prefill took 52 s without, 29 s with (2-core Xeon
+# with AMX, bench/designer_cost.py). The kernel must allow it (/sys/kernel/mm/transparent_hugepage/enabled not
+# [never]); a value the user set is kept
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+import envs  # noqa: E402
+import export  # noqa: E402
+import runs  # noqa: E402
+from runs import InputError  # noqa: E402
+import regret  # noqa: E402
+from isolation import isolation_report  # noqa: E402
+from sandbox import Limits, SandboxError  # noqa: E402
 
 COMMANDS = {
     "train": "run self-play (default: the CPU demo with SmolLM2-135M)",

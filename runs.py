@@ -827,7 +827,7 @@ def generate_kv_bytes(shape: dict, rows: int, columns: int, dtype_bytes: int = 2
 
 def logprob_chunk_bytes(shape: dict, chunk: int, dtype_bytes: int = 2) -> int:
     """The (chunk, vocab) blocks the forward of spade_mini._chunk_logprobs allocates: the head's logits, their
-    fp32 copy (none when the head is fp32) and their division by the temperature (logsumexp is fused)."""
+    fp32 copy (none when the head is fp32) and the log_softmax (the division by the temperature is in place)."""
     return chunk * shape["vocab_size"] * (dtype_bytes + (4 if dtype_bytes != 4 else 0) + 4)
 
 

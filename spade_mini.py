@@ -315,8 +315,8 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.
     # note: under bf16 autocast the LM head still runs in fp32: bf16 logits (8 bits of mantissa) would move a
     # log-prob by ~0.03 at logit 10, more than every other rounding here together
     with torch.autocast(hidden.device.type, enabled=False):
-        logits = head(hidden.to(head.weight.dtype)).float() / temperature  # (C, V)
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)  # (C,)
+        logits = head(hidden.to(head.weight.dtype)).float().div_(temperature)  # (C, V): in place, not a second block
+    return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)  # (C,): one fused pass, not logsumexp's 3
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, *,
@@ -470,14 +470,14 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
            clip_high: float = 0.28, kl_beta: float = 0.0, token_budget: int, max_grad_norm: float,
            pad_id: int = 0, updates: int = 1, seed: int = 0, chunk_size: int = 512, bf16: bool = False) -> dict:
     """`updates` (K) optimizer steps over the samples. K = 1: ONE step on all of them (the ratio is 1, the clip
-    cannot bind). K > 1: the samples are shuffled (by `seed`) into K mini-batches, one step each, against
-    log-probs taken once before the first (cleanrl's PPO mini-batches): the ratio moves and the clip binds.
-    A sample with sampling_logprobs (sampled by earlier weights) is weighted by TIS, ppo_clip_loss's w.
-    Each step's samples go through token-budget micro-batches (the agent's, then the designer's: grad_norm_<role>
-    is each role's part of the gradient), gradients accumulated, then norm-clipped; tokens_per_s counts every
-    token the forward and backward processed (prompts included, pads not). Under
-    torchrun each rank takes its share of every step's samples (the same shuffle on every rank), divides by the
-    step's GLOBAL sample count, and the gradients are summed over the ranks before the clip: one process's step."""
+    cannot bind). K > 1: the samples are shuffled (by `seed`) into K mini-batches, one step each, against log-probs
+    taken once before the first (cleanrl's PPO mini-batches): the ratio moves and the clip binds. A sample with
+    sampling_logprobs (sampled by earlier weights) is weighted by TIS, ppo_clip_loss's w. Each step's samples go
+    through token-budget micro-batches (the agent's, then the designer's: grad_norm_<role> is each role's part of
+    the gradient), gradients accumulated, then norm-clipped; tokens_per_s counts every token the forward and
+    backward processed (prompts included, pads not). Under torchrun each rank takes its share of every step's
+    samples (the same shuffle on every rank), divides by the step's GLOBAL sample count, and the gradients are
+    summed over the ranks before the clip: one process's step."""
     t0 = time.time()
     models.reset_peak_memory(model)
     order = list(range(len(samples)))
@@ -488,24 +488,25 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     wanted = sorted(i for part in mine for i in part)
     # pi_old with dropout off, as pi_sampling; K = 1 without dropout reuses the step's own, detached (_accumulate)
     dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
-    old = dict(zip(wanted, sampled_logprobs(model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted],
-                                            temperature=temperature, token_budget=token_budget, pad_id=pad_id,
-                                            chunk_size=chunk_size, bf16=bf16))) if len(shares) > 1 or dropout else None
-    model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
     params = [p for p in model.parameters() if p.requires_grad]
     totals = dict.fromkeys(("loss", "clipped_tokens", "kl_sum", "tokens", "is_sum", "is_sq_sum", "truncated_tokens"), 0.0)
     totals.update(padded_tokens=0, processed_tokens=0, mismatch_agent=[], mismatch_designer=[])
     norms, role_norms = [], {"agent": [], "designer": []}
     loss_kw = dict(temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta, pad_id=pad_id,
                    chunk_size=chunk_size, bf16=bf16)
-    for share, own in zip(shares, mine):
-        optimizer.zero_grad(set_to_none=True)
-        for role, norm in _role_gradients(model, samples, own, old, len(share), totals, params, token_budget,
-                                          **loss_kw).items():
-            role_norms[role] += [norm] if norm is not None else []
-        models.sum_gradients(params)    # torchrun: the gradient of all the step's samples, then clipped
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
-        optimizer.step()
+    with models.bf16_base(model, bf16):   # --train-bf16 on a CPU: the frozen weights cast once, not at every use
+        old = None if len(shares) == 1 and not dropout else dict(zip(wanted, sampled_logprobs(
+            model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted], temperature=temperature,
+            token_budget=token_budget, pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)))
+        model.train()   # subtle: HF checkpoints only in train mode; in eval mode every activation would be stored
+        for share, own in zip(shares, mine):
+            optimizer.zero_grad(set_to_none=True)
+            for role, norm in _role_gradients(model, samples, own, old, len(share), totals, params, token_budget,
+                                              **loss_kw).items():
+                role_norms[role] += [norm] if norm is not None else []
+            models.sum_gradients(params)    # torchrun: the gradient of all the step's samples, then clipped
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))
+            optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     seconds = time.time() - t0
     rate = totals["processed_tokens"] / max(seconds, 1e-9)    # this rank's: prompts included, pads not

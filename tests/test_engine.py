@@ -344,3 +344,130 @@ def test_bf16_weights_keeps_a_tied_weight_one_copy():
         assert model.lm_head.weight is model.model.embed_tokens.weight
         assert model.lm_head.weight.dtype == torch.bfloat16
     assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.dtype == torch.float32
+
+
+def _lora_gradients(model, ids, bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of ids and the LoRA gradient of their mean square, one forward and backward."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.zero_grad(set_to_none=True)
+    with models.autocast(bf16, model):
+        logits = model(input_ids=ids, use_cache=False).logits.float()   # (1, T, V)
+    logits.pow(2).mean().backward()
+    grad = torch.cat([p.grad.flatten() for p in params])
+    model.zero_grad(set_to_none=True)
+    return logits.detach(), grad
+
+
+def test_the_fused_lora_layer_computes_peft_s_function_and_gradients(tiny_model):
+    """models._FusedLora (every LoRA layer's forward since add_lora) against peft's own LoRA forward on the same
+    weights: in fp32 the same logits and the same LoRA gradient to fp32 rounding; under bf16 autocast each is
+    one bf16 rounding of the fp32 one (both near it, neither exact). Both LoRA matrices get a gradient; with the
+    adapter off the layer is its base alone."""
+    model, _ = tiny_model
+    layers = [m for m in model.modules() if "forward" in vars(m) and hasattr(m, "lora_A")]
+    assert layers and len(layers) == models.fuse_lora(model)
+    ids = torch.tensor([list(range(20, 52))])   # (1, 32)
+    fused = {bf16: _lora_gradients(model, ids, bf16) for bf16 in (False, True)}
+    for m in layers:
+        del m.forward                            # peft's own forward
+    try:
+        plain = {bf16: _lora_gradients(model, ids, bf16) for bf16 in (False, True)}
+    finally:
+        models.fuse_lora(model)
+    assert torch.allclose(fused[False][0], plain[False][0], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(fused[False][1], plain[False][1], rtol=1e-4, atol=1e-7)
+    cos = torch.nn.functional.cosine_similarity
+    for grads in (fused[True][1], plain[True][1]):
+        assert cos(grads, plain[False][1], dim=0) > 0.999
+    assert (fused[False][1] != 0).float().mean() > 0.9   # A and B both trained (B alone would be half)
+    with model.disable_adapter(), torch.no_grad():
+        off = model(input_ids=ids).logits
+        for m in layers:
+            m.forward = type(m).forward.__get__(m)
+        assert torch.equal(off, model(input_ids=ids).logits)
+    models.fuse_lora(model)
+
+
+def test_the_update_s_bf16_base_weights_change_no_gradient_and_are_put_back(tiny_model):
+    """models.bf16_base casts the frozen weights once for the update instead of autocast casting them at every
+    use: the matmuls see the same bf16 values, so a bf16 update's LoRA gradient is the same bit for bit; the
+    fp32 weights are back after, and nothing is copied without bf16."""
+    model, _ = tiny_model
+    samples = [sm.Sample(list(range(10 + k, 40 + k)), [0] * 10 + [1] * 20, 1.0 if k % 2 else -1.0, "agent")
+               for k in range(2)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    bases = [(m.get_base_layer(), m.get_base_layer().weight) for m in model.modules() if hasattr(m, "lora_A")]
+    grads = []
+    for cast_once in (True, False):
+        captured = []
+        hooks = [p.register_hook(lambda g, c=captured: c.append(g.clone())) for p in params]
+        with contextlib.ExitStack() as stack:
+            if not cast_once:
+                stack.enter_context(mock_bf16_base_off())
+            sm.update(model, torch.optim.SGD(params, lr=0.0), samples, temperature=1.0, token_budget=4096,
+                      max_grad_norm=1e9, bf16=True)
+        for h in hooks:
+            h.remove()
+        grads.append(torch.cat([g.flatten() for g in captured]))
+    assert torch.equal(grads[0], grads[1])
+    assert all(b.weight is w and w.dtype == torch.float32 for b, w in bases)
+    with models.bf16_base(model, True):
+        assert all(b.weight.dtype == torch.bfloat16 and torch.equal(b.weight, w.to(torch.bfloat16)) for b, w in bases)
+    with models.bf16_base(model, False):
+        assert all(b.weight is w for b, w in bases)
+
+
+@contextlib.contextmanager
+def mock_bf16_base_off():
+    """models.bf16_base as a no-op: the frozen weights stay fp32 and autocast casts them at every use."""
+    real = models.bf16_base
+    models.bf16_base = lambda model, enabled: real(model, False)
+    try:
+        yield
+    finally:
+        models.bf16_base = real
+
+
+def test_the_lm_head_s_log_probs_are_log_softmax_at_the_temperature(tiny_model):
+    """spade_mini._chunk_logprobs (divided in place, one fused log_softmax) against the formula written out:
+    log p(y) = z_y / T - logsumexp(z / T), and its gradient through the head the same to fp32 rounding."""
+    model, _ = tiny_model
+    head = model.get_output_embeddings()
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, head.weight.shape[1], generator=g, requires_grad=True)   # (C, H)
+    targets = torch.randint(0, head.weight.shape[0], (7,), generator=g)
+    for t in (0.6, 1.0):
+        got = sm._chunk_logprobs(hidden, targets, head, t)
+        z = head(hidden) / t   # (C, V)
+        want = z.gather(-1, targets[:, None]).squeeze(-1) - z.logsumexp(-1)
+        assert torch.allclose(got, want, atol=1e-5)
+        ga, = torch.autograd.grad(got.sum(), hidden)
+        gb, = torch.autograd.grad(want.sum(), hidden)
+        assert torch.allclose(ga, gb, atol=1e-5)
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return ""
+    return text[text.find("[") + 1: text.find("]")]
+
+
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="the lever only shows where the kernel gives 2 MB pages on asking")
+def test_the_cli_has_torch_ask_for_huge_pages_unless_the_user_said_otherwise():
+    """cli.py sets THP_MEM_ALLOC_ENABLE before torch loads: a fresh 64 MB tensor then lies in 2 MB pages; a 0
+    the user set is kept, and the same tensor lies in 4 KB pages."""
+    import subprocess
+    import sys
+    code = ("import cli, torch; x = torch.ones(2**24); "
+            "print([int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')][0])")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    huge = {}
+    for value in ("", "0"):
+        env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+        env.update({"THP_MEM_ALLOC_ENABLE": value} if value else {})
+        out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                             check=True, timeout=120)
+        huge[value] = int(out.stdout.split()[-1])   # kB
+    assert huge[""] >= 32 * 1024 and huge["0"] == 0
