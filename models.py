@@ -11,6 +11,7 @@ step's work is this process's, and the few collectives that make N processes tak
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import hashlib
 import importlib.metadata
@@ -316,9 +317,11 @@ class _FusedLora(torch.autograd.Function):
         a_dtype, b_dtype = ctx.dtypes
         g = grad.to(w.dtype).reshape(-1, grad.shape[-1])  # (N, out)
         gb = g @ b  # (N, r)
-        grad_a = (gb.t() @ x.reshape(-1, x.shape[-1])).mul_(ctx.scale).to(a_dtype)  # (r, in)
-        grad_b = (g.t() @ xa.reshape(-1, xa.shape[-1])).mul_(ctx.scale).to(b_dtype)  # (out, r)
-        grad_x = None
+        grad_x = grad_a = grad_b = None
+        if ctx.needs_input_grad[3]:
+            grad_a = (gb.t() @ x.reshape(-1, x.shape[-1])).mul_(ctx.scale).to(a_dtype)  # (r, in)
+        if ctx.needs_input_grad[4]:
+            grad_b = (g.t() @ xa.reshape(-1, xa.shape[-1])).mul_(ctx.scale).to(b_dtype)  # (out, r)
         if ctx.needs_input_grad[0]:   # not for the first layer's input, the frozen embeddings' output
             grad_x = (g @ w).addmm_(gb, a, alpha=ctx.scale).view(*grad.shape[:-1], -1)  # (..., in)
         return grad_x, None, None, grad_a, grad_b, None
@@ -326,14 +329,17 @@ class _FusedLora(torch.autograd.Function):
 
 def _fused_lora_forward(self, x, *args, **kwargs):
     """A peft LoRA Linear's forward through _FusedLora where it computes the same thing (one plain LoRA adapter
-    on, not merged, no dropout, a frozen plain nn.Linear base); else peft's own forward."""
+    on, not merged, no dropout, no LoRA bias, a frozen plain nn.Linear base, and either autocast on or one dtype
+    throughout: peft computes fp32 adapters of a bf16 base in fp32); else peft's own forward."""
     names = [name for name in self.active_adapters if name in self.lora_A]
+    base = self.get_base_layer()
     if (args or kwargs or self.disable_adapters or self.merged or len(names) != 1 or names[0] in self.lora_variant
-            or not isinstance(self.lora_dropout[names[0]], torch.nn.Identity)
-            or type(self.get_base_layer()) is not torch.nn.Linear
-            or any(p.requires_grad for p in self.get_base_layer().parameters())):
+            or not isinstance(self.lora_dropout[names[0]], torch.nn.Identity) or self.lora_B[names[0]].bias is not None
+            or type(base) is not torch.nn.Linear or any(p.requires_grad for p in base.parameters())
+            or not (torch.is_autocast_enabled(x.device.type)
+                    or x.dtype == base.weight.dtype == self.lora_A[names[0]].weight.dtype)):
         return type(self).forward(self, x, *args, **kwargs)
-    name, base = names[0], self.get_base_layer()
+    name = names[0]
     return _FusedLora.apply(x, base.weight, base.bias, self.lora_A[name].weight, self.lora_B[name].weight,
                             self.scaling[name])
 
@@ -799,6 +805,27 @@ def lora_merged(model, dtype=torch.float32):
             base.weight = weight
 
 
+_GENERATING: set[int] = set()   # id() of the models inside generation_weights
+
+
+@contextlib.contextmanager
+def generation_weights(model, bf16: bool, static_cache: bool = False):
+    """The weights generate computes from (bf16_weights, or the LoRA merged in fp32; a static-cache call's as they
+    are), made once for the block: a multi-turn play's generate calls inside it reuse them instead of copying
+    the model at every turn. subtle: 3 GB of copies a turn for the 1.5B, freed into glibc's heap in 28 MB
+    pieces, grew a window's play phase from 12 to 19.5 GiB of RSS in 6 turns (2-core Xeon with AMX,
+    docs/benchmarks.md)."""
+    if static_cache or id(model) in _GENERATING or not isinstance(model, torch.nn.Module):   # not: a scripted stand-in
+        yield
+        return
+    with bf16_weights(model) if bf16 else lora_merged(model):
+        _GENERATING.add(id(model))
+        try:
+            yield
+        finally:
+            _GENERATING.discard(id(model))
+
+
 @contextlib.contextmanager
 def bf16_weights(model):
     """--generate-bf16: generate from bf16 copies of the model's fp32 parameters, the LoRA folded into its layers'
@@ -944,7 +971,7 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
     model.eval()
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad(), _quantizer_allows_compile(model, static_cache), \
-                contextlib.nullcontext() if static_cache else bf16_weights(model) if bf16 else lora_merged(model):
+                generation_weights(model, bf16, static_cache):
             torch.manual_seed(seed)  # subtle: the sampler draws from the global RNG; fork_rng keeps the caller's intact
             if cache is None and not static_cache:
                 cache = _prefill_shared(model, ids, mask) if ids.shape[1] > 1 else GrowingCache()
@@ -1119,17 +1146,35 @@ def autocast(enabled: bool, model):
 def phase_memory(name: str) -> dict:
     """At a phase's end: the peak CUDA memory allocated and reserved since the last call (GiB), then the
     allocator's cached blocks (and the phase's static caches) go back, so one phase's fragments cannot push the
-    next out of memory. {} on CPU.
+    next out of memory. On a CPU the process's peak RSS so far (GiB), then glibc's heap gives its free pages
+    back (trim_heap).
 
     note: reserved - allocated is the allocator's cache; a large gap before an OOM means fragmentation."""
     _STATIC_CACHES.clear()
     if not torch.cuda.is_available():
-        return {}
+        out = {f"mem/{name}_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+        trim_heap()
+        return out
     out = {f"mem/{name}_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
            f"mem/{name}_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     return out
+
+
+def trim_heap() -> bool:
+    """glibc's malloc_trim(0): the free pages of the heap back to the kernel -> whether it ran (not glibc: no).
+    subtle: glibc serves tensors under its mmap threshold (at most 32 MiB: a 1.5B's bf16 weight of 28 MB, an
+    activation) from its heap and keeps them once freed; on the cpu-1.5b preset a phase's leftovers raised the
+    next phase's RSS by up to 3 GiB (docs/benchmarks.md)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    if not hasattr(libc, "malloc_trim"):
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def reset_peak_memory(model) -> None:

@@ -82,9 +82,10 @@ FIGURES = [
      "(they carry no gradient)."),
     ("env_stats.png", "Environment statistics", "", ["env/*"],
      "One panel per other env/ metric (lines of code, turns, one-turn solves, hint and opening leakage)."),
-    ("memory.png", "GPU memory per phase", "GiB", ["mem/*"],
-     "Peak CUDA memory allocated and reserved in each phase (CUDA runs only; the cache is freed between phases). "
-     "Reserved far above allocated means fragmentation; compare with `spade-mini plan`."),
+    ("memory.png", "Memory per phase", "GiB", ["mem/*"],
+     "CUDA: peak memory allocated and reserved in each phase (the cache is freed between phases); reserved far "
+     "above allocated means fragmentation; compare with `spade-mini plan`. CPU: the process's peak resident memory "
+     "so far at each phase's end (the phase that raised it is the one whose line steps up)."),
     ("perf.png", "Time and throughput", "", ["perf/*"], "One panel per perf/ metric: seconds per phase, "
      "tokens per second, the sandbox's share of play, peak memory. A phase that did not run at a step has no point "
      "there (design and hint after a window's first step, hint without hinted plays, play without an environment, "

@@ -238,13 +238,12 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
 
     Budgets: a reply gets at most max_new_tokens; an episode at most max_episode_tokens generated tokens over
     all its turns. A reply cut by either (no stop token) is not played: the episode ends, truncated, return 0.
-    reuse_cache: keep the KV cache across turns, so a turn prefills only the new observation (off with
-    static_cache, whose fixed-shape cache is rebuilt every call). stats, when given, receives generate_s,
-    sandbox_s, generated_tokens and generate_calls. thinking: rendered with enable_thinking; the action is
-    read after the last </think>; thinking tokens count in both budgets. Observations: max_observation_tokens.
-    setting "tool_use": a reply's <tool_call>s run in the sandbox and come back as a tool message (_run_tools),
-    taking no turn (at most tool_rounds such replies); a reply with <answer> or no tool call goes to step().
-    bf16: generate from bf16 copies of the weights (--generate-bf16, models.bf16_weights)."""
+    reuse_cache: keep the KV cache across turns, so a turn prefills only the new observation (not with static_cache,
+    rebuilt every call). stats: gets generate_s, sandbox_s, generated_tokens, generate_calls. thinking: rendered with
+    enable_thinking, the action read after the last </think>, thinking tokens in both budgets. Observations:
+    max_observation_tokens. setting "tool_use": a reply's <tool_call>s run in the sandbox and return as a tool
+    message (_run_tools), taking no turn (at most tool_rounds such replies); a reply with <answer> or no tool call
+    goes to step(). The weights' copies (bf16: --generate-bf16) are made once a play."""
     eps = [Episode(spec=s) for s in specs]
     timing = {"generate_s": 0.0, "sandbox_s": 0.0, "generated_tokens": 0, "generate_calls": 0}
     t = time.time()
@@ -253,36 +252,37 @@ def play(model, tok, specs: list[EpisodeSpec], *, max_turns: int, max_new_tokens
     tool_frame = models.turn_frame(tok, thinking, "tool") if tool_use else frame
     batch, deltas = None, {}
     try:
-        active = _reset_all(eps, procs, tok, thinking, max_observation_tokens, tool_use)
-        timing["sandbox_s"] += time.time() - t
-        for turn in range(max_turns + (tool_rounds if tool_use else 0)):
-            room = {i: max_episode_tokens - sum(eps[i].loss_mask) for i in active}
-            active = [i for i in active if room[i] > 0]
-            if not active:
-                break
-            t = time.time()
-            gen = dict(max_new_tokens=min(max_new_tokens, max(room[i] for i in active)), temperature=temperature,
-                       top_p=top_p, top_k=top_k, seed=(seed * 1_000_003 + turn) % 2**31, bf16=bf16)
-            if reuse_cache and not static_cache:
-                replies, batch = models.generate_turn(model, tok, active, [eps[i].token_ids for i in active], batch,
-                                                      [deltas.get(i, []) for i in active], **gen)
-            else:
-                replies = models.generate(model, tok, [eps[i].token_ids for i in active], static_cache=static_cache,
-                                          **gen)
-            timing["generate_s"] += time.time() - t
-            timing["generate_calls"] += 1
-            stepping, calling = _take_replies(eps, active, replies, room)
-            timing["generated_tokens"] += sum(len(r.completion_ids) for r in replies)
-            t = time.time()
-            before = {i: len(eps[i].token_ids) for i, _, _ in stepping + calling}
-            raws = sandbox.call_many([procs[i] for i, _, _ in stepping], "step", [(a,) for _, _, a in stepping])
-            active = _drop_hung(eps, sorted([i for (i, reply, action), raw in zip(stepping, raws)
-                                      if _advance(eps[i], raw, reply, action, tok, frame,
-                                                  procs[i].max_turns or max_turns, max_observation_tokens)]
-                                        + _run_tools(eps, procs, calling, tok, tool_frame, tool_rounds,
-                                                     max_observation_tokens)))
-            deltas = {i: eps[i].token_ids[before[i]:] for i in active}
+        with models.generation_weights(model, bf16, static_cache):
+            active = _reset_all(eps, procs, tok, thinking, max_observation_tokens, tool_use)
             timing["sandbox_s"] += time.time() - t
+            for turn in range(max_turns + (tool_rounds if tool_use else 0)):
+                room = {i: max_episode_tokens - sum(eps[i].loss_mask) for i in active}
+                active = [i for i in active if room[i] > 0]
+                if not active:
+                    break
+                t = time.time()
+                gen = dict(max_new_tokens=min(max_new_tokens, max(room[i] for i in active)), temperature=temperature,
+                           top_p=top_p, top_k=top_k, seed=(seed * 1_000_003 + turn) % 2**31, bf16=bf16)
+                if reuse_cache and not static_cache:
+                    replies, batch = models.generate_turn(model, tok, active, [eps[i].token_ids for i in active], batch,
+                                                          [deltas.get(i, []) for i in active], **gen)
+                else:
+                    replies = models.generate(model, tok, [eps[i].token_ids for i in active], static_cache=static_cache,
+                                              **gen)
+                timing["generate_s"] += time.time() - t
+                timing["generate_calls"] += 1
+                stepping, calling = _take_replies(eps, active, replies, room)
+                timing["generated_tokens"] += sum(len(r.completion_ids) for r in replies)
+                t = time.time()
+                before = {i: len(eps[i].token_ids) for i, _, _ in stepping + calling}
+                raws = sandbox.call_many([procs[i] for i, _, _ in stepping], "step", [(a,) for _, _, a in stepping])
+                active = _drop_hung(eps, sorted([i for (i, reply, action), raw in zip(stepping, raws)
+                                          if _advance(eps[i], raw, reply, action, tok, frame,
+                                                      procs[i].max_turns or max_turns, max_observation_tokens)]
+                                            + _run_tools(eps, procs, calling, tok, tool_frame, tool_rounds,
+                                                         max_observation_tokens)))
+                deltas = {i: eps[i].token_ids[before[i]:] for i in active}
+                timing["sandbox_s"] += time.time() - t
     finally:
         for p in procs:
             if not isinstance(p, sandbox.SandboxError):

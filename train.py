@@ -440,7 +440,7 @@ def phase(bar, clock: dict, name: str):
     with runs.ticking(bar, name, models.tokens_sampled):
         yield
     clock[f"perf/{name}_s"] = time.time() - t
-    clock.update(models.phase_memory(name))   # CUDA: peak allocated and reserved, then the cache freed
+    clock.update(models.phase_memory(name))   # peak memory (CUDA: allocated, reserved; CPU: RSS), then freed
     bar.update()
 
 

@@ -70,6 +70,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32, help="decode steps timed")
     ap.add_argument("--program-tokens", type=int, default=520, help="tokens of each program in the update")
     ap.add_argument("--samples", type=int, default=2, help="designer samples in the update")
+    ap.add_argument("--train-bf16", choices=("auto", "on", "off"), default="auto",
+                    help="the update's dtype, as train's flag (the preset's auto; off: the fp32 update on any CPU)")
+    ap.add_argument("--generate-bf16", choices=("auto", "on", "off"), default="auto",
+                    help="prefill's and decode's dtype, as train's flag (the preset's auto)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")   # as the loop runs (cli.py), set before torch loads
@@ -91,7 +95,8 @@ def main() -> None:
     report(out, "matmul_bf16_gflops", round(peaks["bf16"], 1))
     bandwidth = copy_gbps(torch)
     report(out, "copy_gbps", round(bandwidth, 1))
-    cfg = runs.Config(**{**runs.PRESETS["cpu-1.5b"], "model": args.model})
+    cfg = runs.Config(**{**runs.PRESETS["cpu-1.5b"], "model": args.model, "train_bf16": args.train_bf16,
+                         "generate_bf16": args.generate_bf16})
     model, tok, _ = models.load_model(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                                       quantize="none", gradient_checkpointing=True, cache_dir=cfg.cache_dir, seed=0)
     shape = model.config

@@ -110,7 +110,7 @@ def run_phase(name: str, model, predicted: int, fn) -> dict:
         torch.cuda.synchronize()
     out = {"seconds": round(time.perf_counter() - t, 2), "plan_gb": round(predicted / runs.GIB, 2)}
     memory = models.phase_memory(name)
-    if memory:
+    if cuda:
         out["allocated_gb"] = round(memory[f"mem/{name}_allocated_gb"], 2)
         out["reserved_gb"] = round(memory[f"mem/{name}_reserved_gb"], 2)
         out["measured/plan"] = round(out["allocated_gb"] / max(out["plan_gb"], 1e-9), 3)

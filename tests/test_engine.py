@@ -3,6 +3,7 @@ warpers, the growing KV cache against DynamicCache, merged LoRA against the adap
 a prefill per row, and the sampler's recorded log-probs against the update's token_logprobs."""
 import contextlib
 import os
+import platform
 
 import pytest
 import torch
@@ -367,7 +368,11 @@ def test_the_fused_lora_layer_computes_peft_s_function_and_gradients(tiny_model)
     layers = [m for m in model.modules() if "forward" in vars(m) and hasattr(m, "lora_A")]
     assert layers and len(layers) == models.fuse_lora(model)
     ids = torch.tensor([list(range(20, 52))])   # (1, 32)
-    fused = {bf16: _lora_gradients(model, ids, bf16) for bf16 in (False, True)}
+    calls, apply = [], models._FusedLora.apply
+    with pytest.MonkeyPatch.context() as mp:   # the fused function itself ran, once a layer a forward
+        mp.setattr(models._FusedLora, "apply", lambda *a: calls.append(1) or apply(*a))
+        fused = {bf16: _lora_gradients(model, ids, bf16) for bf16 in (False, True)}
+    assert len(calls) == 2 * len(layers)
     for m in layers:
         del m.forward                            # peft's own forward
     try:
@@ -380,12 +385,37 @@ def test_the_fused_lora_layer_computes_peft_s_function_and_gradients(tiny_model)
     for grads in (fused[True][1], plain[True][1]):
         assert cos(grads, plain[False][1], dim=0) > 0.999
     assert (fused[False][1] != 0).float().mean() > 0.9   # A and B both trained (B alone would be half)
-    with model.disable_adapter(), torch.no_grad():
-        off = model(input_ids=ids).logits
-        for m in layers:
-            m.forward = type(m).forward.__get__(m)
-        assert torch.equal(off, model(input_ids=ids).logits)
-    models.fuse_lora(model)
+    try:
+        with model.disable_adapter(), torch.no_grad():
+            off = model(input_ids=ids).logits
+            for m in layers:
+                m.forward = type(m).forward.__get__(m)
+            assert torch.equal(off, model(input_ids=ids).logits)
+    finally:
+        models.fuse_lora(model)
+
+
+@pytest.mark.parametrize("case", ["bf16 base, fp32 adapter, no autocast", "LoRA bias"])
+def test_the_fused_lora_layer_leaves_to_peft_what_it_would_compute_otherwise(case):
+    """Where _FusedLora would compute something else than peft (a bf16 base with fp32 adapters and no autocast,
+    the CUDA path without quantization: peft computes the LoRA branch in fp32; a LoRA bias), the layer runs peft's
+    own forward: the same output bit for bit."""
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(0)
+    net = get_peft_model(torch.nn.Sequential(torch.nn.Linear(32, 48)),
+                         LoraConfig(r=4, lora_alpha=8, target_modules=["0"], lora_bias=case == "LoRA bias"))
+    layer = next(m for m in net.modules() if type(m) is models.LoraLinear)
+    torch.nn.init.normal_(layer.lora_B["default"].weight)
+    x = torch.randn(5, 32)
+    if case == "LoRA bias":
+        torch.nn.init.normal_(layer.lora_B["default"].bias)
+    else:
+        layer.get_base_layer().to(torch.bfloat16)
+        x = x.to(torch.bfloat16)
+    with torch.no_grad():
+        want = layer(x)
+        assert models.fuse_lora(net) == 1
+        assert torch.equal(layer(x), want)
 
 
 def test_the_update_s_bf16_base_weights_change_no_gradient_and_are_put_back(tiny_model):
@@ -397,10 +427,12 @@ def test_the_update_s_bf16_base_weights_change_no_gradient_and_are_put_back(tiny
                for k in range(2)]
     params = [p for p in model.parameters() if p.requires_grad]
     bases = [(m.get_base_layer(), m.get_base_layer().weight) for m in model.modules() if hasattr(m, "lora_A")]
-    grads = []
+    grads, seen = [], {}
     for cast_once in (True, False):
-        captured = []
+        captured, seen[cast_once] = [], set()
         hooks = [p.register_hook(lambda g, c=captured: c.append(g.clone())) for p in params]
+        hooks += [m.register_forward_pre_hook(lambda m, _, s=seen[cast_once]: s.add(m.get_base_layer().weight.dtype))
+                  for m in model.modules() if hasattr(m, "lora_A")]   # what the update's layers computed with
         with contextlib.ExitStack() as stack:
             if not cast_once:
                 stack.enter_context(mock_bf16_base_off())
@@ -409,6 +441,7 @@ def test_the_update_s_bf16_base_weights_change_no_gradient_and_are_put_back(tiny
         for h in hooks:
             h.remove()
         grads.append(torch.cat([g.flatten() for g in captured]))
+    assert seen == {True: {torch.bfloat16}, False: {torch.float32}}
     assert torch.equal(grads[0], grads[1])
     assert all(b.weight is w and w.dtype == torch.float32 for b, w in bases)
     with models.bf16_base(model, True):
@@ -448,7 +481,8 @@ def test_the_lm_head_s_log_probs_are_log_softmax_at_the_temperature(tiny_model):
 
 def _thp_mode() -> str:
     try:
-        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
     except OSError:
         return ""
     return text[text.find("[") + 1: text.find("]")]
@@ -471,3 +505,61 @@ def test_the_cli_has_torch_ask_for_huge_pages_unless_the_user_said_otherwise():
                              check=True, timeout=120)
         huge[value] = int(out.stdout.split()[-1])   # kB
     assert huge[""] >= 32 * 1024 and huge["0"] == 0
+
+
+KEEP_GOING_ENV = '''
+class KeepGoingEnv:
+    def __init__(self, max_turns=3):
+        self.max_turns, self.turn = max_turns, 0
+    def reset(self, seed=None):
+        self.turn = 0
+        return "Keep going.", {}
+    def step(self, action):
+        self.turn += 1
+        return f"turn {self.turn}", 0.0, False, self.turn >= self.max_turns, {}
+'''
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_multi_turn_play_makes_the_generation_weights_once_not_once_a_turn(tiny_model, bf16):
+    """spade_mini.play generates once a turn from the same weights: their copies (the LoRA merged; bf16 copies
+    with --generate-bf16) are made once for the play, not at every turn (3 GB a turn for the 1.5B, which grew
+    the play phase's RSS turn by turn), and the model's own weights are back after."""
+    import sandbox
+    model, tok = tiny_model
+    before = {name: p for name, p in model.named_parameters()}
+    merges, merged = [], models.lora_merged
+
+    def counting(*args, **kwargs):
+        merges.append(1)
+        return merged(*args, **kwargs)
+    stats: dict = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "lora_merged", counting)
+        eps = sm.play(model, tok, [sm.EpisodeSpec(KEEP_GOING_ENV, s, None, (s,)) for s in range(2)], max_turns=3,
+                      max_new_tokens=24, max_episode_tokens=256, limits=sandbox.Limits(), bf16=bf16, stats=stats,
+                      **GREEDY)
+    assert stats["generate_calls"] >= 2 and max(ep.turns for ep in eps) >= 2
+    assert len(merges) == 1
+    assert all(p is before[name] and p.dtype == torch.float32 for name, p in model.named_parameters())
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_a_phase_s_end_gives_the_heap_s_free_memory_back_on_a_cpu():
+    """models.phase_memory on a CPU: the peak RSS so far is recorded, then glibc's heap returns its free pages
+    (trim_heap). 40 tensors of 20 MB come from the heap once a 30 MB one was freed (glibc's mmap threshold rises
+    to it); freed below one kept alive, the heap's top cannot shrink, so without the trim the 780 MB stay."""
+    import subprocess
+    import sys
+    code = ("import re, torch, models\n"
+            "rss = lambda: int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) // 1024\n"
+            "x = torch.ones(30 * 2**18); del x\n"
+            "xs = [torch.ones(20 * 2**18) for _ in range(40)]; keep = xs[-1]; del xs\n"
+            "before = rss(); record = models.phase_memory('play'); print(before, rss(), record['mem/play_peak_rss_gb'])")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True,
+                         timeout=120).stdout.split()
+    before, after, peak = int(out[-3]), int(out[-2]), float(out[-1])   # MiB, MiB, GiB
+    assert peak * 1024 >= before > 800
+    assert before - after > 600

@@ -176,11 +176,11 @@ def test_the_report_says_how_many_steps_ran_not_only_the_steps_asked_for(run_dir
 
 
 def test_a_figure_with_nothing_logged_is_left_out_and_named(run_dir):
-    """A CPU run logs no GPU memory; a run without --eval-every no held-out score: no empty axes for them."""
+    """A run that logged no memory per phase; a run without --eval-every no held-out score: no empty axes for them."""
     records = [{k: v for k, v in step_record(i).items() if not k.startswith("eval/")} for i in range(2)]
     write_jsonl(run_dir / "metrics.jsonl", [{"config": {"model": "tiny-random"}}, *records])
     page = report.write_report(run_dir).read_text()
-    for file, title in (("memory.png", "GPU memory per phase"), ("eval.png", "Held-out evaluation")):
+    for file, title in (("memory.png", "Memory per phase"), ("eval.png", "Held-out evaluation")):
         assert f'src="{file}"' not in page and not (run_dir / "report" / file).exists()
         assert title in page.split("Not drawn, nothing of it logged in this run:")[1]
     assert 'src="returns.png"' in page
