@@ -33,8 +33,8 @@ from pathlib import Path
 # note: torch's CPU allocator asks the kernel for 2 MB pages (MADV_HUGEPAGE) for buffers of 2 MB and more when
 # THP_MEM_ALLOC_ENABLE is set when torch first allocates, so before anything imports it. Each fresh 64 MB
 # activation otherwise faults in 4 KB at a time: the 1.5B's prefill took 52.7 and 40.5 s without, 32.8 and 36.2 s
-# with (2-core Xeon with AMX, bench/designer_cost.py, docs/benchmarks.md). The kernel must allow it (/sys/kernel/mm/transparent_hugepage/enabled not
-# [never]); a value the user set is kept
+# with (2-core Xeon with AMX, bench/designer_cost.py, docs/benchmarks.md). The kernel must allow it
+# (/sys/kernel/mm/transparent_hugepage/enabled not [never]); a value the user set is kept
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import envs  # noqa: E402
