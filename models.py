@@ -1152,7 +1152,7 @@ def phase_memory(name: str) -> dict:
     note: reserved - allocated is the allocator's cache; a large gap before an OOM means fragmentation."""
     _STATIC_CACHES.clear()
     if not torch.cuda.is_available():
-        out = {f"mem/{name}_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+        out = {f"mem/{name}_peak_rss_gb": _peak_rss_mb() / 2**10}
         trim_heap()
         return out
     out = {f"mem/{name}_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
@@ -1162,19 +1162,15 @@ def phase_memory(name: str) -> dict:
     return out
 
 
-def trim_heap() -> bool:
-    """glibc's malloc_trim(0): the free pages of the heap back to the kernel -> whether it ran (not glibc: no).
-    subtle: glibc serves tensors under its mmap threshold (at most 32 MiB: a 1.5B's bf16 weight of 28 MB, an
+def trim_heap() -> None:
+    """glibc's malloc_trim(0): the free pages of the heap back to the kernel (nothing where the C library is not
+    glibc). subtle: glibc serves tensors under its mmap threshold (at most 32 MiB: a 1.5B's bf16 weight of 28 MB, an
     activation) from its heap and keeps them once freed; on the cpu-1.5b preset a phase's leftovers raised the
     next phase's RSS by up to 3 GiB (docs/benchmarks.md)."""
     try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    if not hasattr(libc, "malloc_trim"):
-        return False
-    libc.malloc_trim(0)
-    return True
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def reset_peak_memory(model) -> None:
@@ -1187,6 +1183,10 @@ def peak_memory_mb(model) -> float:
     (not this call's alone)."""
     if model.device.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
+    return _peak_rss_mb()
+
+
+def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # Linux reports KiB
 
 
