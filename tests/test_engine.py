@@ -561,5 +561,5 @@ def test_a_phase_s_end_gives_the_heap_s_free_memory_back_on_a_cpu():
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True,
                          timeout=120).stdout.split()
     before, after, peak = int(out[-3]), int(out[-2]), float(out[-1])   # MiB, MiB, GiB
-    assert peak * 1024 >= before > 800
+    assert peak * 1024 >= before - 16 > 800   # the kernel's high-water mark lags VmRSS by a few pages a thread
     assert before - after > 600
