@@ -520,7 +520,7 @@ def _print_note(code: str) -> str:
     ('note: it calls print()', '')
     """
     try:
-        tree = ast.parse(code)
+        tree = runs.parse_python(code)
     except (SyntaxError, ValueError, RecursionError):
         return ""
     if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print" for n in ast.walk(tree)):

@@ -356,7 +356,7 @@ def bounded_tree(code: str) -> ast.Module | str:
     if len(code.encode("utf-8", "replace")) > envs.MAX_CODE_BYTES:
         return "too_large"
     try:
-        tree = ast.parse(code)
+        tree = runs.parse_python(code)
     except (SyntaxError, ValueError):
         return "syntax"
     except (RecursionError, MemoryError):

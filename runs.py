@@ -8,13 +8,14 @@ program and, at its window's end, its scores), checkpoints/ and last_checkpoint.
 atomically or appended line by line, with the permissions the umask gives (a run on a shared server is as readable
 as any file there); readers tolerate a torn last line; a resume refuses a run whose logged steps lost their
 checkpoints. Also here:
-the grounding corpus (files a run reads), the step's metrics record, printed line and live progress, and the one
-error class for bad user input.
+the grounding corpus (files a run reads), the step's metrics record, printed line and live progress, the one
+error class for bad user input, and parse_python (ast.parse one thread at a time).
 
 Standard library only, so `validate`, `play` and `report` never wait for torch or numpy.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import importlib
@@ -185,6 +186,22 @@ def warn(message: str) -> None:
 
 # ----------------------------------------------------------------------------------------------------------
 # crash-safe files: replaced atomically, or append-only with a reader that tolerates a torn last line
+
+_PARSE_LOCK = threading.RLock()
+
+
+def parse_python(code: str) -> ast.Module:
+    """ast.parse, one thread at a time. CPython 3.11 counts the syntax-tree builder's depth per interpreter, not
+    per thread: when the garbage collector runs Python code mid-parse and another thread parses meanwhile, both
+    counts mix and ast.parse raises `SystemError: AST constructor recursion depth mismatch` (CPython gh-106905,
+    seen in CI in reject_copies' thread pool). Raises what ast.parse raises.
+
+    >>> type(parse_python("x = 1")).__name__
+    'Module'
+    """
+    with _PARSE_LOCK:
+        return ast.parse(code)
+
 
 def write_atomic(path: str | Path, text: str) -> None:
     """Write to a temp file in the same directory, fsync, rename over path: readers see old or new, never half."""

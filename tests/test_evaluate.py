@@ -196,6 +196,44 @@ def test_an_adapter_without_its_config_is_a_one_line_error(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("spade-mini: error: the adapter:") and "adapter_config.json" in err[0]
 
 
+def test_programs_parsed_in_threads_at_once_never_raise_systemerror():
+    """CPython 3.11 counts the syntax-tree builder's depth per interpreter: a thread that parses while another's
+    parse is paused (the garbage collector ran a __del__ that let go of the GIL) made ast.parse raise
+    `SystemError: AST constructor recursion depth mismatch` in CI, in reject_copies' pool. Here a cyclic object
+    whose __del__ sleeps is made before every parse, with the collector run often, in four threads at once."""
+    import gc
+    import threading
+    import time
+
+    class Yields:
+        def __del__(self):
+            time.sleep(0)
+
+    code = (ROOT / "examples" / "cups.py").read_text()
+    results, threshold = [], gc.get_threshold()
+
+    def parse_often():
+        for _ in range(60):
+            cycle = Yields()
+            cycle.itself = cycle
+            del cycle
+            try:
+                results.append(type(evaluate.bounded_tree(code)).__name__)
+            except SystemError as error:
+                results.append(str(error))
+
+    gc.set_threshold(50)
+    try:
+        threads = [threading.Thread(target=parse_often) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        gc.set_threshold(*threshold)
+    assert set(results) == {"Module"} and len(results) == 240, sorted(set(results))
+
+
 def test_a_valid_program_that_repeats_an_example_of_its_prompt_is_rejected_as_a_copy():
     """The in-context example with its class renamed is a copy; a different valid game and an invalid program
     keep their verdicts; a program is only compared with what ITS prompt showed."""
