@@ -400,6 +400,7 @@ def test_eval_says_what_it_does_before_the_first_result(monkeypatch, capsys):
 def play_at_a_terminal(keys: list[bytes]) -> tuple[str, int]:
     """`spade-mini play examples/walk.py --seed 3` at a pseudo-terminal (its controlling terminal, so that Ctrl-C
     is SIGINT), each of `keys` typed at a prompt; returns (everything shown, exit code)."""
+    import contextlib
     import pty
     import select
     import signal
@@ -412,23 +413,35 @@ def play_at_a_terminal(keys: list[bytes]) -> tuple[str, int]:
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
         os.execve(sys.executable, [sys.executable, str(ROOT / "cli.py"), "play", str(EXAMPLES / "walk.py"), "--seed",
                                    "3"], {**os.environ, "TERM": "xterm"})
-    shown = b""
+    shown, status = b"", None
 
-    def read_until(done) -> None:
+    def exited() -> bool:
+        nonlocal status
+        if status is None:
+            reaped, code = os.waitpid(pid, os.WNOHANG)
+            status = code if reaped else None
+        return status is not None
+
+    def read_until(done, seconds: float) -> None:
         nonlocal shown
-        end = time.time() + 30
+        end = time.time() + seconds
         while time.time() < end and not done():
             if select.select([main_fd], [], [], 0.2)[0]:
                 try:
                     shown += os.read(main_fd, 4096)
-                except OSError:   # the child closed the terminal
-                    return
+                except OSError:   # the child closed the terminal: it is exiting
+                    time.sleep(0.05)
     for k, key in enumerate(keys):
-        read_until(lambda: shown.count(b"action> ") > k)
+        read_until(lambda: shown.count(b"action> ") > k or exited(), 120)
         os.write(main_fd, key)
-    read_until(lambda: False)
-    os.close(main_fd)
-    return shown.decode(errors="replace"), os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    # until it exits (under a full suite's load it once outlasted a fixed 30 s window, and closing the terminal
+    # then hung it up: exit -1, SIGHUP), then what is left to read
+    read_until(exited, 120)
+    with contextlib.suppress(OSError):
+        while select.select([main_fd], [], [], 0)[0] and (chunk := os.read(main_fd, 4096)):
+            shown += chunk
+    os.close(main_fd)   # hangs up a child still running after 120 s (exit -1): it did not quit
+    return shown.decode(errors="replace"), os.waitstatus_to_exitcode(status if exited() else os.waitpid(pid, 0)[1])
 
 
 def test_interactive_play_edits_the_line_with_the_arrow_keys():
