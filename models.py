@@ -247,9 +247,10 @@ def load_model(name: str, *, lora_r: int, lora_alpha: int, lora_dropout: float, 
     info = {"device": device, "dtype": str(dtype).removeprefix("torch."), "quantized": quantized,
             "reason": reason, "attn_implementation": attn, "gradient_checkpointing": gradient_checkpointing,
             "trainable_params": trainable, "total_params": sum(p.numel() for p in model.parameters()),
-            "load_s": round(time.time() - t0, 2)}
+            "load_s": round(time.time() - t0, 2), "allocator": allocator()}
     if is_main():
-        print(f"spade-mini: {name} on {device} {info['dtype']} quantized={quantized} attn={attn} ({reason})")
+        print(f"spade-mini: {name} on {device} {info['dtype']} quantized={quantized} attn={attn} ({reason})"
+              + (f", malloc {info['allocator']}" if device == "cpu" else ""))
     return model, tok, info
 
 
@@ -1162,15 +1163,28 @@ def phase_memory(name: str) -> dict:
     return out
 
 
-def trim_heap() -> None:
-    """glibc's malloc_trim(0): the free pages of the heap back to the kernel (nothing where the C library is not
-    glibc). subtle: glibc serves tensors under its mmap threshold (at most 32 MiB: a 1.5B's bf16 weight of 28 MB, an
-    activation) from its heap and keeps them once freed; on the cpu-1.5b preset a phase's leftovers raised the
-    next phase's RSS by up to 3 GiB (docs/benchmarks.md)."""
+def allocator() -> str:
+    """The process's malloc: `tcmalloc` where it is preloaded (cli.run_under_tcmalloc), else `system`."""
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+        return "tcmalloc" if hasattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory") else "system"
+    except OSError:
+        return "system"
+
+
+def trim_heap() -> None:
+    """The allocator's free pages back to the kernel: glibc's malloc_trim(0), and tcmalloc's
+    MallocExtension_ReleaseFreeMemory where it is preloaded (cli.run_under_tcmalloc); nothing where neither is.
+    subtle: glibc serves tensors under its mmap threshold (at most 32 MiB: a 1.5B's bf16 weight of 28 MB, an
+    activation) from its heap and keeps them once freed, tcmalloc keeps all it frees; on the cpu-1.5b preset a
+    phase's leftovers raised the next phase's RSS by up to 3 GiB (docs/benchmarks.md)."""
+    try:
+        process = ctypes.CDLL(None)   # every symbol the process has loaded, the preloaded allocator's first
+    except OSError:
+        return
+    if release := getattr(process, "MallocExtension_ReleaseFreeMemory", None):
+        release()
+    if trim := getattr(process, "malloc_trim", None):
+        trim(0)
 
 
 def reset_peak_memory(model) -> None:

@@ -76,7 +76,8 @@ def main() -> None:
                     help="prefill's and decode's dtype, as train's flag (the preset's auto)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")   # as the loop runs (cli.py), set before torch loads
+    import cli   # sets THP_MEM_ALLOC_ENABLE, as the loop runs, before torch loads
+    cli.run_under_tcmalloc()   # the allocator the loop runs under (SPADE_MINI_ALLOCATOR=system: glibc's)
     import torch
     import models
     import runs
@@ -89,6 +90,7 @@ def main() -> None:
     report(out, "bf16_matmul_speedup", round(models.bf16_matmul_speedup(), 2))
     report(out, "threads", torch.get_num_threads())
     report(out, "huge_pages", os.environ["THP_MEM_ALLOC_ENABLE"])
+    report(out, "allocator", models.allocator())
     report(out, "load_average_at_start", round(os.getloadavg()[0], 2))
     peaks = {"fp32": matmul_gflops(torch, torch.float32), "bf16": matmul_gflops(torch, torch.bfloat16)}
     report(out, "matmul_fp32_gflops", round(peaks["fp32"], 1))

@@ -595,3 +595,43 @@ def test_a_negative_logprob_temperature_or_a_nan_invalid_reward_is_refused(flag,
     """-1 scored silently at T = 1 (token_logprobs falls back for T <= 0); NaN would reach every advantage."""
     with pytest.raises(runs.InputError, match=said):
         cli.check_config(None, runs.Config(**{flag: value}))
+
+
+def test_the_allocator_is_tcmalloc_only_on_a_cpu_machine_where_it_is_installed_and_nothing_else_was_chosen():
+    lib = "libtcmalloc_minimal.so.4"
+    assert cli.allocator_environment({"PATH": "/bin"}, lib, gpu=False) == {"PATH": "/bin", "LD_PRELOAD": lib}
+    assert cli.allocator_environment({}, lib, gpu=True) is None                   # a GPU machine
+    assert cli.allocator_environment({}, None, gpu=False) is None                 # not installed
+    assert cli.allocator_environment({"LD_PRELOAD": lib}, lib, gpu=False) is None  # after the exec: no second one
+    assert cli.allocator_environment({"SPADE_MINI_ALLOCATOR": "system"}, lib, gpu=False) is None
+
+
+TCMALLOC = __import__("ctypes.util").util.find_library("tcmalloc_minimal")
+
+
+@pytest.mark.skipif(TCMALLOC is None or os.path.exists("/dev/nvidiactl"),
+                    reason="tcmalloc is not installed (apt-get install libtcmalloc-minimal4) or this is a GPU machine")
+def test_a_command_from_a_shell_runs_again_under_tcmalloc_with_the_same_gradient():
+    """cli.run_under_tcmalloc replaces the process by itself with tcmalloc preloaded, once; an update of the tiny
+    model there gives the loss and gradient norm, to the last bit, that it gives under glibc's malloc."""
+    code = ("import cli\n"
+            "cli.run_under_tcmalloc()\n"
+            "import torch, models, spade_mini\n"
+            "model, _, _ = models.load_model('tiny-random', lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize='none',"
+            " gradient_checkpointing=True, cache_dir='~/.cache/spade-mini', seed=0)\n"
+            "g = torch.Generator().manual_seed(0)\n"
+            "samples = [spade_mini.Sample(torch.randint(5, 200, (300,), generator=g).tolist(), [0] * 100 + [1] * 200,"
+            " a, 'designer') for a in (0.5, -0.5)]\n"
+            "opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)\n"
+            "out = spade_mini.update(model, opt, samples, temperature=0.7, token_budget=512, max_grad_norm=1e9)\n"
+            "print('tcmalloc' in open('/proc/self/maps').read(), repr(out['loss']), repr(out['grad_norm']))\n")
+    outputs = {}
+    for allocator in ("system", "tcmalloc"):
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SPADE_MINI_ALLOCATOR")}
+        env.update({"SPADE_MINI_ALLOCATOR": allocator})
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[allocator] = done.stdout.splitlines()[-1].split()
+    assert outputs["system"][0] == "False" and outputs["tcmalloc"][0] == "True", outputs
+    assert outputs["system"][1:] == outputs["tcmalloc"][1:], outputs

@@ -544,11 +544,17 @@ def test_a_multi_turn_play_makes_the_generation_weights_once_not_once_a_turn(tin
     assert all(p is before[name] and p.dtype == torch.float32 for name, p in model.named_parameters())
 
 
+TCMALLOC = __import__("ctypes.util").util.find_library("tcmalloc_minimal")
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
-def test_a_phase_s_end_gives_the_heap_s_free_memory_back_on_a_cpu():
-    """models.phase_memory on a CPU: the peak RSS so far is recorded, then glibc's heap returns its free pages
-    (trim_heap). 40 tensors of 20 MB come from the heap once a 30 MB one was freed (glibc's mmap threshold rises
-    to it); freed below one kept alive, the heap's top cannot shrink, so without the trim the 780 MB stay."""
+@pytest.mark.parametrize("allocator", ["glibc", pytest.param("tcmalloc", marks=pytest.mark.skipif(
+    TCMALLOC is None, reason="tcmalloc is not installed (apt-get install libtcmalloc-minimal4)"))])
+def test_a_phase_s_end_gives_the_heap_s_free_memory_back_on_a_cpu(allocator):
+    """models.phase_memory on a CPU: the peak RSS so far is recorded, then the allocator returns its free pages
+    (trim_heap). glibc: 40 tensors of 20 MB come from the heap once a 30 MB one was freed (its mmap threshold
+    rises to it); freed below one kept alive, the heap's top cannot shrink, so without the trim the 780 MB stay.
+    tcmalloc (cli.run_under_tcmalloc) keeps all it frees, until told to release it."""
     import subprocess
     import sys
     code = ("import re, torch, models\n"
@@ -557,7 +563,8 @@ def test_a_phase_s_end_gives_the_heap_s_free_memory_back_on_a_cpu():
             "xs = [torch.ones(20 * 2**18) for _ in range(40)]; keep = xs[-1]; del xs\n"
             "before = rss(); record = models.phase_memory('play'); print(before, rss(), record['mem/play_peak_rss_gb'])")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("THP_MEM_ALLOC_ENABLE", "LD_PRELOAD")}
+    env.update({"LD_PRELOAD": TCMALLOC} if allocator == "tcmalloc" else {})
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True,
                          timeout=120).stdout.split()
     before, after, peak = int(out[-3]), int(out[-2]), float(out[-1])   # MiB, MiB, GiB
