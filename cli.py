@@ -49,8 +49,9 @@ ALLOCATOR = "tcmalloc"
 def allocator_environment(environ: dict, library: str | None, gpu: bool) -> dict | None:
     """The environment in which `train` and `eval` run again under tcmalloc (LD_PRELOAD = `library`), or None to
     go on as they are: on a GPU machine (its host memory is not where a step's time goes), where tcmalloc is not
-    installed (library None), where LD_PRELOAD already names an allocator (the user's choice, or this exec
-    done), or with SPADE_MINI_ALLOCATOR=system.
+    installed (library None), where LD_PRELOAD already names an allocator (the user's choice), or where
+    SPADE_MINI_ALLOCATOR is set: `system` keeps glibc's, and the exec sets `tcmalloc`, so that a process whose
+    LD_PRELOAD was dropped on the way (glibc's secure mode, a wrapper) runs on instead of exec'ing again.
 
     >>> allocator_environment({"LD_PRELOAD": "x.so"}, "libtcmalloc_minimal.so.4", False)["LD_PRELOAD"]
     'libtcmalloc_minimal.so.4 x.so'
@@ -58,20 +59,25 @@ def allocator_environment(environ: dict, library: str | None, gpu: bool) -> dict
     True
     """
     preload = environ.get("LD_PRELOAD", "")
-    if gpu or not library or "malloc" in preload or environ.get("SPADE_MINI_ALLOCATOR") == "system":
+    if gpu or not library or "malloc" in preload or "SPADE_MINI_ALLOCATOR" in environ:
         return None
-    return {**environ, "LD_PRELOAD": f"{library} {preload}".strip()}
+    return {**environ, "LD_PRELOAD": f"{library} {preload}".strip(), "SPADE_MINI_ALLOCATOR": ALLOCATOR}
 
 
 def run_under_tcmalloc() -> None:
     """Replace this process by itself, the same command line, with tcmalloc preloaded, where
-    allocator_environment says so (the CPU allocator of every `train` and `eval` started from a shell)."""
-    environment = allocator_environment(dict(os.environ), ctypes.util.find_library("tcmalloc_minimal"),
-                                        gpu=os.path.exists("/dev/nvidiactl"))
+    allocator_environment says so (the CPU allocator of every `train` and `eval` started from a shell), on
+    Linux, without an NVIDIA or AMD GPU device, and only for a program that can be started again (not one read
+    from stdin or typed at the interpreter's prompt). Goes on under the allocator it has where exec fails."""
+    gpu = any(os.path.exists(device) for device in ("/dev/nvidiactl", "/dev/kfd"))
+    if not sys.platform.startswith("linux") or sys.argv[0] in ("", "-"):
+        return
+    environment = allocator_environment(dict(os.environ), ctypes.util.find_library("tcmalloc_minimal"), gpu)
     if environment is not None:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
+        with contextlib.suppress(OSError):
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
 
 
 import envs  # noqa: E402

@@ -1175,7 +1175,7 @@ def trim_heap() -> None:
     """The allocator's free pages back to the kernel: glibc's malloc_trim(0), and tcmalloc's
     MallocExtension_ReleaseFreeMemory where it is preloaded (cli.run_under_tcmalloc); nothing where neither is.
     subtle: glibc serves tensors under its mmap threshold (at most 32 MiB: a 1.5B's bf16 weight of 28 MB, an
-    activation) from its heap and keeps them once freed, tcmalloc keeps all it frees; on the cpu-1.5b preset a
+    activation) from its heap and keeps them once freed, tcmalloc keeps what it frees in its own caches; on the cpu-1.5b preset a
     phase's leftovers raised the next phase's RSS by up to 3 GiB (docs/benchmarks.md)."""
     try:
         process = ctypes.CDLL(None)   # every symbol the process has loaded, the preloaded allocator's first

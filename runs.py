@@ -194,7 +194,8 @@ def parse_python(code: str) -> ast.Module:
     """ast.parse, one thread at a time. CPython 3.11 counts the syntax-tree builder's depth per interpreter, not
     per thread: when the garbage collector runs Python code mid-parse and another thread parses meanwhile, both
     counts mix and ast.parse raises `SystemError: AST constructor recursion depth mismatch` (CPython gh-106905,
-    seen in CI in reject_copies' thread pool). Raises what ast.parse raises.
+    seen in CI in reject_copies' thread pool). Only its callers take turns: a traceback's or inspect's own parse
+    does not. Raises what ast.parse raises.
 
     >>> type(parse_python("x = 1")).__name__
     'Module'

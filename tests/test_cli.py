@@ -599,11 +599,27 @@ def test_a_negative_logprob_temperature_or_a_nan_invalid_reward_is_refused(flag,
 
 def test_the_allocator_is_tcmalloc_only_on_a_cpu_machine_where_it_is_installed_and_nothing_else_was_chosen():
     lib = "libtcmalloc_minimal.so.4"
-    assert cli.allocator_environment({"PATH": "/bin"}, lib, gpu=False) == {"PATH": "/bin", "LD_PRELOAD": lib}
+    assert cli.allocator_environment({"PATH": "/bin"}, lib, gpu=False) == {"PATH": "/bin", "LD_PRELOAD": lib,
+                                                                           "SPADE_MINI_ALLOCATOR": "tcmalloc"}
     assert cli.allocator_environment({}, lib, gpu=True) is None                   # a GPU machine
     assert cli.allocator_environment({}, None, gpu=False) is None                 # not installed
     assert cli.allocator_environment({"LD_PRELOAD": lib}, lib, gpu=False) is None  # after the exec: no second one
     assert cli.allocator_environment({"SPADE_MINI_ALLOCATOR": "system"}, lib, gpu=False) is None
+    after = cli.allocator_environment({}, lib, gpu=False)   # its LD_PRELOAD dropped on the way: no second exec
+    assert cli.allocator_environment({k: v for k, v in after.items() if k != "LD_PRELOAD"}, lib, gpu=False) is None
+
+
+def test_train_and_eval_from_a_shell_change_allocator_and_nothing_else_does(monkeypatch):
+    """main() with no argv is the process's own command (spade-mini, python cli.py): train and eval go through
+    run_under_tcmalloc there; a call from Python (main([...])) and the other commands never exec."""
+    calls = []
+    monkeypatch.setattr(cli, "run_under_tcmalloc", lambda: calls.append("exec"))
+    monkeypatch.setattr(cli, "run_command", lambda args: calls.append(args["command"]) or 0)
+    for argv in (["spade-mini", "eval"], ["spade-mini", "train"], ["spade-mini", "validate", "x.py"]):
+        monkeypatch.setattr(sys, "argv", argv)
+        assert cli.main() == 0
+    assert cli.main(["eval"]) == 0
+    assert calls == ["exec", "eval", "exec", "train", "validate", "eval"]
 
 
 TCMALLOC = __import__("ctypes.util").util.find_library("tcmalloc_minimal")
@@ -628,7 +644,7 @@ def test_a_command_from_a_shell_runs_again_under_tcmalloc_with_the_same_gradient
     outputs = {}
     for allocator in ("system", "tcmalloc"):
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SPADE_MINI_ALLOCATOR")}
-        env.update({"SPADE_MINI_ALLOCATOR": allocator})
+        env.update({"SPADE_MINI_ALLOCATOR": "system"} if allocator == "system" else {})
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
