@@ -41,8 +41,8 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 # note: a CPU step allocates and frees activations of tens of MB thousands of times; glibc gives each back to the
 # kernel (mmap above its 32 MiB threshold, heap trims below) and the next one faults its pages in again. tcmalloc
 # (gperftools; Debian's libtcmalloc-minimal4, no PyPI wheel exists) keeps them for reuse: a cpu-1.5b window took
-# 351 s instead of 474 s, with a lower peak RSS (12.2 vs 12.7 GiB), the same programs, verdicts and gradients
-# (2-core Xeon with AMX, docs/benchmarks.md). It must be loaded before the process starts: LD_PRELOAD, then exec
+# 351 s (preloaded by hand) and 400 s (by this exec) instead of 474 s, peak RSS 12.2 and 12.1 vs 12.7 GiB, the
+# same programs, verdicts and gradients (2-core Xeon with AMX, docs/benchmarks.md). It must be loaded before the process starts: LD_PRELOAD, then exec
 ALLOCATOR = "tcmalloc"
 
 

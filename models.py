@@ -1164,7 +1164,8 @@ def phase_memory(name: str) -> dict:
 
 
 def allocator() -> str:
-    """The process's malloc: `tcmalloc` where it is preloaded (cli.run_under_tcmalloc), else `system`."""
+    """The process's malloc: `tcmalloc` where it is preloaded (cli.run_under_tcmalloc), else `system` (the C
+    library's, or an allocator the user preloaded)."""
     try:
         return "tcmalloc" if hasattr(ctypes.CDLL(None), "MallocExtension_ReleaseFreeMemory") else "system"
     except OSError:
@@ -1175,8 +1176,8 @@ def trim_heap() -> None:
     """The allocator's free pages back to the kernel: glibc's malloc_trim(0), and tcmalloc's
     MallocExtension_ReleaseFreeMemory where it is preloaded (cli.run_under_tcmalloc); nothing where neither is.
     subtle: glibc serves tensors under its mmap threshold (at most 32 MiB: a 1.5B's bf16 weight of 28 MB, an
-    activation) from its heap and keeps them once freed, tcmalloc keeps what it frees in its own caches; on the cpu-1.5b preset a
-    phase's leftovers raised the next phase's RSS by up to 3 GiB (docs/benchmarks.md)."""
+    activation) from its heap and keeps them once freed, tcmalloc keeps what it frees in its own caches; on the
+    cpu-1.5b preset a phase's leftovers raised the next phase's RSS by up to 3 GiB (docs/benchmarks.md)."""
     try:
         process = ctypes.CDLL(None)   # every symbol the process has loaded, the preloaded allocator's first
     except OSError:

@@ -184,9 +184,6 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# crash-safe files: replaced atomically, or append-only with a reader that tolerates a torn last line
-
 _PARSE_LOCK = threading.RLock()
 
 
@@ -203,6 +200,9 @@ def parse_python(code: str) -> ast.Module:
     with _PARSE_LOCK:
         return ast.parse(code)
 
+
+# ----------------------------------------------------------------------------------------------------------
+# crash-safe files: replaced atomically, or append-only with a reader that tolerates a torn last line
 
 def write_atomic(path: str | Path, text: str) -> None:
     """Write to a temp file in the same directory, fsync, rename over path: readers see old or new, never half."""
