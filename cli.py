@@ -42,7 +42,8 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 # kernel (mmap above its 32 MiB threshold, heap trims below) and the next one faults its pages in again. tcmalloc
 # (gperftools; Debian's libtcmalloc-minimal4, no PyPI wheel exists) keeps them for reuse: a cpu-1.5b window took
 # 351 s (preloaded by hand) and 400 s (by this exec) instead of 474 s, peak RSS 12.2 and 12.1 vs 12.7 GiB, the
-# same programs, verdicts and gradients (2-core Xeon with AMX, docs/benchmarks.md). It must be loaded before the process starts: LD_PRELOAD, then exec
+# same programs, verdicts and gradients (2-core Xeon with AMX, docs/benchmarks.md). It must be loaded before the
+# process starts: LD_PRELOAD, then exec
 ALLOCATOR = "tcmalloc"
 
 
@@ -69,9 +70,9 @@ def run_under_tcmalloc() -> None:
     allocator_environment says so (the CPU allocator of every `train` and `eval` started from a shell), on
     Linux, without an NVIDIA or AMD GPU device, and only for a program that can be started again (not one read
     from stdin or typed at the interpreter's prompt). Goes on under the allocator it has where exec fails."""
-    gpu = any(os.path.exists(device) for device in ("/dev/nvidiactl", "/dev/kfd"))
     if not sys.platform.startswith("linux") or sys.argv[0] in ("", "-"):
         return
+    gpu = any(os.path.exists(device) for device in ("/dev/nvidiactl", "/dev/kfd"))
     environment = allocator_environment(dict(os.environ), ctypes.util.find_library("tcmalloc_minimal"), gpu)
     if environment is not None:
         sys.stdout.flush()
