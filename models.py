@@ -39,6 +39,7 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 import torch
 import torch.nn.functional as F
 import torch.distributed as dist
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.lora.layer import Linear as LoraLinear
 from safetensors.torch import load_file
@@ -273,10 +274,13 @@ def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradie
     """LoRA on every linear layer (lora_targets), after turning on (and proving) gradient checkpointing."""
     if gradient_checkpointing:
         # note: non-reentrant checkpointing needs no input that requires grad (the embeddings stay frozen)
+        kwargs = {"use_reentrant": False}
+        if model.device.type == "cpu":   # the backward recomputes a layer's elementwise ops, not its matmuls
+            kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _saved_by_checkpoint)
         if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
-            model.activation_checkpointing_enable({"use_reentrant": False})
+            model.activation_checkpointing_enable(kwargs)
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                       target_modules=lora_targets(model), task_type="CAUSAL_LM")
     with warnings.catch_warnings():
@@ -290,14 +294,28 @@ def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradie
     return model
 
 
+_SAVED_OPS = {getattr(torch.ops.aten, name).default for name in (
+    "addmm", "_scaled_dot_product_flash_attention_for_cpu")}
+
+
+def _saved_by_checkpoint(ctx, op, *args, **kwargs):
+    """The selective checkpoint's policy on a CPU: keep each layer's matmul outputs (_FusedLora's base + LoRA
+    addmm, the attention's output), recompute the rest (norms, rotary, SiLU, products) in the backward. A layer's
+    matmuls then run once, not twice; + ~100 MB a layer at 1,800 tokens on the 1.5B (bench/designer_cost.py).
+
+    note: torch refuses to replay a kept output that was changed in place after (a RuntimeError, never a wrong
+    gradient): _FusedLora's forward writes its output with one out-of-place addmm for that reason."""
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
 class _FusedLora(torch.autograd.Function):
     """y = x W^T + b + s (x A^T) B^T, W and b frozen, computed in the autocast dtype where autocast is on.
 
     The same function as peft's LoRA Linear (`base(x) + lora_B(lora_A(x)) * s`) with two tensors of the
-    output's size fewer in the forward (the scale and the sum go into one in-place addmm) and two of the input's
-    size fewer in the backward (the base and LoRA gradients of x are summed in place), and no fp32 round trip of
-    x under bf16 autocast (peft casts x to the LoRA weights' dtype first). On a CPU each such tensor is fresh
-    memory: on the 1.5B's MLP, 64 MB a tensor at 1,800 tokens."""
+    output's size fewer in the forward (the scale and the sum go into one addmm onto the LoRA term) and two of
+    the input's size fewer in the backward (the base and LoRA gradients of x are summed in place), and no fp32
+    round trip of x under bf16 autocast (peft casts x to the LoRA weights' dtype first). On a CPU each such
+    tensor is fresh memory: on the 1.5B's MLP, 64 MB a tensor at 1,800 tokens."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scale: float):
@@ -306,11 +324,13 @@ class _FusedLora(torch.autograd.Function):
         with torch.autocast(kind, enabled=False):
             x, w, a, b = (t.to(dtype) for t in (x, weight, lora_a, lora_b))
             xa = x @ a.t()  # (..., r)
-            y = F.linear(x, w, None if bias is None else bias.to(dtype))  # (..., out)
-            y.view(-1, y.shape[-1]).addmm_(xa.view(-1, xa.shape[-1]), b.t(), alpha=scale)
+            lora = xa.reshape(-1, xa.shape[-1]) @ b.t()  # (N, out): the LoRA term first, then the base matmul
+            if bias is not None:                           # adds onto it: the one addmm whose output is the
+                lora.mul_(scale).add_(bias.to(dtype))      # layer's, never changed after (_saved_by_checkpoint)
+            y = torch.addmm(lora, x.reshape(-1, x.shape[-1]), w.t(), beta=1.0 if bias is not None else scale)
         ctx.save_for_backward(x, xa, w, a, b)
         ctx.scale, ctx.dtypes = scale, (lora_a.dtype, lora_b.dtype)
-        return y
+        return y.view(*x.shape[:-1], -1)
 
     @staticmethod
     def backward(ctx, grad):
@@ -376,6 +396,26 @@ def bf16_base(model, enabled: bool):
     finally:
         for b, w in saved:
             b.weight = w
+
+
+@contextlib.contextmanager
+def bf16_head(model, enabled: bool):
+    """--train-bf16 on a CPU with native bf16, for the block: fp32 matmuls (the LM head's, the one matmul autocast
+    leaves in fp32: spade_mini._chunk_logprobs) round their inputs to bf16 and accumulate and return fp32
+    (oneDNN's fpmath mode, torch.backends.mkldnn.matmul.fp32_precision): fp32 logits, not the 8-bit rounding
+    of bf16 logits, from inputs rounded as autocast rounds every other matmul's. On the 1.5B's head 2.9x faster
+    than fp32 (docs/benchmarks.md); log-probs and gradients against the fp32 head in tests/test_engine.py. The
+    setting is the process's: put back after."""
+    knob = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)   # torch >= 2.9
+    if not (enabled and model.device.type == "cpu" and native_bf16_cpu() and hasattr(knob, "fp32_precision")):
+        yield
+        return
+    before = knob.fp32_precision
+    knob.fp32_precision = "bf16"
+    try:
+        yield
+    finally:
+        knob.fp32_precision = before
 
 
 def load_adapter(model, adapter_dir: str | Path) -> None:

@@ -312,8 +312,8 @@ class Sample:
 
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
                     temperature: float) -> torch.Tensor:
-    # note: under bf16 autocast the LM head still runs in fp32: bf16 logits (8 bits of mantissa) would move a
-    # log-prob by ~0.03 at logit 10, more than every other rounding here together
+    # note: under bf16 autocast the LM head still runs on fp32 tensors: bf16 logits (8 bits of mantissa) would move
+    # a log-prob by ~0.03 at logit 10, more than every other rounding here together (models.bf16_head: bf16 inputs)
     with torch.autocast(hidden.device.type, enabled=False):
         logits = head(hidden.to(head.weight.dtype)).float().div_(temperature)  # (C, V): in place, not a second block
     return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)  # (C,): one fused pass, not logsumexp's 3
@@ -494,7 +494,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     norms, role_norms = [], {"agent": [], "designer": []}
     loss_kw = dict(temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta, pad_id=pad_id,
                    chunk_size=chunk_size, bf16=bf16)
-    with models.bf16_base(model, bf16):   # --train-bf16 on a CPU: the frozen weights cast once, not at every use
+    with models.bf16_base(model, bf16), models.bf16_head(model, bf16):   # --train-bf16 on a CPU (both: models)
         old = None if len(shares) == 1 and not dropout else dict(zip(wanted, sampled_logprobs(
             model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted], temperature=temperature,
             token_budget=token_budget, pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)))

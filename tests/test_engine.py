@@ -418,6 +418,96 @@ def test_the_fused_lora_layer_leaves_to_peft_what_it_would_compute_otherwise(cas
         assert torch.equal(layer(x), want)
 
 
+def test_the_fused_lora_layer_with_a_base_bias_computes_peft_s_function():
+    """_FusedLora adds a base bias into its LoRA term before the one addmm of the base matmul (Qwen2's q, k and
+    v projections): the same output and LoRA gradients as peft's own forward, to fp32 rounding."""
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(0)
+    net = get_peft_model(torch.nn.Sequential(torch.nn.Linear(32, 48, bias=True)),
+                         LoraConfig(r=4, lora_alpha=8, target_modules=["0"]))
+    layer = next(m for m in net.modules() if type(m) is models.LoraLinear)
+    torch.nn.init.normal_(layer.get_base_layer().bias)
+    torch.nn.init.normal_(layer.lora_B["default"].weight)
+    x = torch.randn(2, 5, 32)
+    params = [p for p in net.parameters() if p.requires_grad]
+    runs = []
+    for fused in (False, True):
+        if fused:
+            assert models.fuse_lora(net) == 1
+        y = layer(x)
+        runs.append((y.detach(), torch.autograd.grad(y.pow(2).sum(), params)))
+    assert torch.allclose(runs[0][0], runs[1][0], atol=1e-5)
+    assert all((a - b).abs().max() <= 1e-6 * a.abs().max() for a, b in zip(runs[0][1], runs[1][1]))   # sum order
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_cpu_checkpoint_keeps_the_layers_matmuls_and_changes_no_gradient(bf16):
+    """On a CPU add_lora's checkpoint is selective (models._saved_by_checkpoint): the backward replays a layer's
+    elementwise ops but takes its matmul outputs from the forward. Against the full checkpoint it replaces: the
+    same LoRA gradient bit for bit, and the backward computes exactly the forward's layer matmuls fewer."""
+    import functools
+    from torch.utils.checkpoint import checkpoint
+    from torch.utils.flop_counter import FlopCounterMode
+    model, _, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                    gradient_checkpointing=True, cache_dir=CACHE, seed=0)
+    model.train()
+    layers = models._checkpointed_layers(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ids = torch.tensor([list(range(20, 84))])   # (1, 64)
+    runs = {}
+    for kind in ("selective", "full"):
+        if kind == "full":
+            for layer in layers:
+                layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+        with models.autocast(bf16, model), FlopCounterMode(display=False) as forward:
+            loss = model(input_ids=ids, use_cache=False).logits.float().pow(2).mean()
+        with FlopCounterMode(display=False) as backward:
+            loss.backward()
+        runs[kind] = (forward.get_flop_counts()["Global"], backward.get_total_flops(),
+                      torch.cat([p.grad.flatten() for p in params]))
+        model.zero_grad(set_to_none=True)
+    layer_matmuls = runs["full"][0][torch.ops.aten.addmm]   # the layers' base + LoRA addmm (the head is a mm)
+    assert layer_matmuls > 0 and runs["full"][1] - runs["selective"][1] == layer_matmuls
+    assert torch.equal(runs["selective"][2], runs["full"][2])
+
+
+@pytest.mark.skipif(not models.native_bf16_cpu(), reason="the lever is off without native bf16")
+def test_the_bf16_head_keeps_fp32_logits_nearer_the_fp32_head_than_bf16_logits(tiny_model):
+    """models.bf16_head (the update's LM head on bf16 inputs, fp32 accumulation and output) against the fp32 head
+    it replaces, on a head of a real model's width and logit scale (1,536 wide, logits of sd ~5): its log-probs
+    nearer to the fp32 head's than a bf16 head's (bf16 logits) on average and at most, the gradient to the hidden
+    states at cosine > 0.9999 and not the same (the lever acts); the process's setting is back after."""
+    model, _ = tiny_model
+    knob = torch.backends.mkldnn.matmul
+    before = knob.fp32_precision
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(1536, 4096, bias=False)
+    torch.nn.init.normal_(head.weight, std=0.02, generator=g)
+    hidden = (6.0 * torch.randn(64, 1536, generator=g)).requires_grad_()   # (C, H)
+    targets = torch.randint(0, 4096, (64,), generator=g)
+    runs = {}
+    for kind in ("fp32 head", "bf16_head", "bf16 logits"):
+        fp32 = head.weight.data
+        if kind == "bf16 logits":
+            head.weight.data = fp32.to(torch.bfloat16)
+        try:
+            with models.bf16_head(model, kind == "bf16_head"):
+                assert knob.fp32_precision == ("bf16" if kind == "bf16_head" else before)
+                logp = sm._chunk_logprobs(hidden, targets, head, 0.7)   # (C,)
+                grad, = torch.autograd.grad(logp.sum(), hidden)
+        finally:
+            head.weight.data = fp32
+        assert knob.fp32_precision == before
+        runs[kind] = (logp.detach(), grad.double().flatten())
+    moved = {kind: (runs[kind][0] - runs["fp32 head"][0]).abs() for kind in ("bf16_head", "bf16 logits")}
+    assert moved["bf16_head"].mean() < moved["bf16 logits"].mean()   # measured: 0.016 vs 0.032, 0.055 vs 0.099 at most
+    assert moved["bf16_head"].max() < moved["bf16 logits"].max()
+    assert torch.nn.functional.cosine_similarity(runs["bf16_head"][1], runs["fp32 head"][1], dim=0) > 0.9999
+    assert not torch.equal(runs["bf16_head"][1], runs["fp32 head"][1])
+    with models.bf16_head(model, False):
+        assert knob.fp32_precision == before
+
+
 def test_the_update_s_bf16_base_weights_change_no_gradient_and_are_put_back(tiny_model):
     """models.bf16_base casts the frozen weights once for the update instead of autocast casting them at every
     use: the matmuls see the same bf16 values, so a bf16 update's LoRA gradient is the same bit for bit; the

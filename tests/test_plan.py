@@ -2,6 +2,7 @@
 engine allocates for a tiny model, exactly; LoRA counts equal what add_lora trains; each preset fits its card;
 training sizes itself from the plan."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -235,3 +236,15 @@ def test_an_observation_is_cut_to_its_token_cap_with_a_marker_and_a_short_one_is
     cut = sm._clip_observation(long, tok, 32)
     assert cut.endswith("[observation truncated]") and len(tok(cut, add_special_tokens=False)["input_ids"]) <= 32
     assert "\ufffd" not in sm._clip_observation("\u732b" * 300, tok, 20)   # no broken character at the cut
+
+
+def test_the_update_s_useful_flops_by_hand():
+    """bench/designer_cost.useful_flops: samples of 3 and 2 tokens, 2 of them scored, body 10 weights, head 3,
+    2 layers of width 4: 4 x 10 x 5 = 200 (layers), 12 x 2 x 4 x (1+2+3 + 1+2) = 864 (causal attention, forward
+    4 and backward 8 per width and position), 4 x 3 x 2 = 24 (the head on the scored tokens): 1,088."""
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "bench" / "designer_cost.py"
+    spec = importlib.util.spec_from_file_location("designer_cost", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.useful_flops(body=10, head=3, layers=2, width=4, lengths=[3, 2], trained=2) == 200 + 864 + 24
