@@ -13,7 +13,9 @@
   checkpoint it replaced and the selective one with the fp32 LM head models.bf16_head replaced (alternating),
   and none (last: the most memory); useful FLOPs are
   the forward and the backward to the activations (useful_flops), not the checkpoint's recompute; the ratio is
-  useful FLOP/s over the matmul peak of the dtype it computes in.
+  useful FLOP/s over the matmul peak of the dtype it computes in;
+* in bf16, the LM head's lever (models.bf16_head) against the fp32 head: how far it moves the log-probs of 600
+  tokens of this repository's code, beside a bf16 head (bf16 logits).
 
     python bench/designer_cost.py                          # Qwen2.5-Coder-1.5B, ~8 min idle on 2 cores
     python bench/designer_cost.py --model tiny-random --prompt-tokens 64 --steps 4   # the path, in seconds
@@ -211,6 +213,23 @@ def main() -> None:
         report(out, f"{name}_tok_per_s", round(result["tokens_per_s"], 1))
         report(out, f"{name}_grad_norm", round(result["grad_norm"], 6))
         report(out, f"{name}_useful_over_peak", round(useful / result["seconds"] / 1e9 / peak, 3))
+    if train_bf16:   # the head's lever against the fp32 head it replaced, beside a bf16 head (bf16 logits)
+        ids = torch.tensor([tok(Path(ROOT / "envs.py").read_text())["input_ids"][:600]])   # real code, (1, 600)
+        ones, head = torch.ones_like(ids), model.get_output_embeddings()
+
+        def logprobs(kind: str):
+            fp32 = head.weight.data
+            head.weight.data = fp32.to(torch.bfloat16) if kind == "bf16_logits" else fp32
+            try:
+                with torch.no_grad(), models.bf16_head(model, kind == "bf16_head"), models.autocast(True, model):
+                    return spade_mini.token_logprobs(model, ids, ones, ones, temperature=1.0)[0, 1:]   # (599,)
+            finally:
+                head.weight.data = fp32
+        fp32_head = logprobs("fp32")
+        for kind in ("bf16_head", "bf16_logits"):
+            moved = (logprobs(kind) - fp32_head).abs()
+            report(out, f"head_{kind}_logprob_moved_mean", round(float(moved.mean()), 4))
+            report(out, f"head_{kind}_logprob_moved_max", round(float(moved.max()), 4))
     report(out, "load_average_at_end", round(os.getloadavg()[0], 2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
