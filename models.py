@@ -301,7 +301,8 @@ _SAVED_OPS = {getattr(torch.ops.aten, name).default for name in (
 def _saved_by_checkpoint(ctx, op, *args, **kwargs):
     """The selective checkpoint's policy on a CPU: keep each layer's matmul outputs (_FusedLora's base + LoRA
     addmm, the attention's output), recompute the rest (norms, rotary, SiLU, products) in the backward. A layer's
-    matmuls then run once, not twice; + ~100 MB a layer at 1,800 tokens on the 1.5B (bench/designer_cost.py).
+    matmuls then run once, not twice: the 1.5B's update 1.2x faster for +2.3 GiB at 1,800 tokens (~85 MB a layer;
+    bench/designer_cost.py, docs/benchmarks.md). The gradients are the same bit for bit (tests/test_engine.py).
 
     note: torch refuses to replay a kept output that was changed in place after (a RuntimeError, never a wrong
     gradient): _FusedLora's forward writes its output with one out-of-place addmm for that reason."""
@@ -1172,7 +1173,8 @@ def bf16_autocast(mode: str, model) -> bool:
     least 1.2x faster than fp32 (bf16_matmul_speedup; bench/bf16_update.py, SmolLM2 on an AMX CPU: the update's
     forward and backward 1.72x faster, LoRA gradient at cosine 0.994 of fp32's, log-probs within 0.009 on
     average, 0.30 at most); on CUDA the weights already compute in bf16. The LoRA weights stay fp32 (autocast
-    casts each matmul's inputs, not the parameters), and the LM head stays fp32 (spade_mini._chunk_logprobs)."""
+    casts each matmul's inputs, not the parameters), and the LM head's tensors stay fp32
+    (spade_mini._chunk_logprobs; its matmul on bf16 inputs where bf16 is native: bf16_head)."""
     if mode == "auto":
         return getattr(model, "device", None) is not None and model.device.type == "cpu" and \
             model.dtype == torch.float32 and native_bf16_cpu() and bf16_matmul_speedup() >= 1.2
