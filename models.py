@@ -39,7 +39,7 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 import torch
 import torch.nn.functional as F
 import torch.distributed as dist
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.lora.layer import Linear as LoraLinear
 from safetensors.torch import load_file
@@ -274,13 +274,10 @@ def add_lora(model, *, lora_r: int, lora_alpha: int, lora_dropout: float, gradie
     """LoRA on every linear layer (lora_targets), after turning on (and proving) gradient checkpointing."""
     if gradient_checkpointing:
         # note: non-reentrant checkpointing needs no input that requires grad (the embeddings stay frozen)
-        kwargs = {"use_reentrant": False}
-        if model.device.type == "cpu":   # the backward recomputes a layer's elementwise ops, not its matmuls
-            kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _saved_by_checkpoint)
         if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
-            model.activation_checkpointing_enable(kwargs)
+            model.activation_checkpointing_enable({"use_reentrant": False})
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                       target_modules=lora_targets(model), task_type="CAUSAL_LM")
     with warnings.catch_warnings():
@@ -299,14 +296,45 @@ _SAVED_OPS = {getattr(torch.ops.aten, name).default for name in (
 
 
 def _saved_by_checkpoint(ctx, op, *args, **kwargs):
-    """The selective checkpoint's policy on a CPU: keep each layer's matmul outputs (_FusedLora's base + LoRA
-    addmm, the attention's output), recompute the rest (norms, rotary, SiLU, products) in the backward. A layer's
-    matmuls then run once, not twice: the 1.5B's update 1.2x faster for +2.3 GiB at 1,800 tokens (~85 MB a layer;
-    bench/designer_cost.py, docs/benchmarks.md). The gradients are the same bit for bit (tests/test_engine.py).
+    """selective_checkpoint's policy: keep each layer's matmul outputs (_FusedLora's base + LoRA addmm, the
+    attention's output), recompute the rest (norms, rotary, SiLU, products) in the backward.
 
     note: torch refuses to replay a kept output that was changed in place after (a RuntimeError, never a wrong
     gradient): _FusedLora's forward writes its output with one out-of-place addmm for that reason."""
     return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@contextlib.contextmanager
+def selective_checkpoint(model, enabled: bool, tokens: int):
+    """--train-bf16 on a CPU, for the block: the checkpointed layers keep their matmul outputs
+    (_saved_by_checkpoint) and the backward replays only their elementwise ops, so a layer's matmuls run once,
+    not twice. The same gradients bit for bit (tests/test_engine.py); the 1.5B's update 1.2x faster in
+    bench/designer_cost.py, 1.13x in a cpu-1.5b window, whose peak RSS it raised by 1.9 GiB (docs/benchmarks.md).
+    Made only when the kept outputs of a micro-batch of `tokens` (bf16: 2 bytes for each LoRA layer's output
+    feature and each layer's attention output) fit in half the memory free now; else the full checkpoint."""
+    layers = _checkpointed_layers(model)
+    bases = [m.get_base_layer() for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    kept = 2 * tokens * (sum(getattr(b, "out_features", 0) for b in bases) + len(layers) * model.config.hidden_size)
+    if not (enabled and layers and model.device.type == "cpu") or kept > _free_memory_bytes() / 2:
+        yield
+        return
+    saved = [(layer, layer._gradient_checkpointing_func) for layer in layers]
+    policy = functools.partial(create_selective_checkpoint_contexts, _saved_by_checkpoint)
+    try:
+        for layer, _ in saved:
+            layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False, context_fn=policy)
+        yield
+    finally:
+        for layer, func in saved:
+            layer._gradient_checkpointing_func = func
+
+
+@contextlib.contextmanager
+def bf16_update(model, enabled: bool, tokens: int):
+    """--train-bf16's levers for one update (spade_mini.update), each off unless on a CPU: bf16_base,
+    bf16_head, selective_checkpoint (micro-batches of up to `tokens`)."""
+    with bf16_base(model, enabled), bf16_head(model, enabled), selective_checkpoint(model, enabled, tokens):
+        yield
 
 
 class _FusedLora(torch.autograd.Function):
@@ -331,7 +359,7 @@ class _FusedLora(torch.autograd.Function):
             y = torch.addmm(lora, x.reshape(-1, x.shape[-1]), w.t(), beta=1.0 if bias is not None else scale)
         ctx.save_for_backward(x, xa, w, a, b)
         ctx.scale, ctx.dtypes = scale, (lora_a.dtype, lora_b.dtype)
-        return y.view(*x.shape[:-1], -1)
+        return y.view(*x.shape[:-1], w.shape[0])   # (..., out), a zero-token x too
 
     @staticmethod
     def backward(ctx, grad):
@@ -345,7 +373,7 @@ class _FusedLora(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             grad_b = (g.t() @ xa.reshape(-1, xa.shape[-1])).mul_(ctx.scale).to(b_dtype)  # (out, r)
         if ctx.needs_input_grad[0]:   # not for the first layer's input, the frozen embeddings' output
-            grad_x = (g @ w).addmm_(gb, a, alpha=ctx.scale).view(*grad.shape[:-1], -1)  # (..., in)
+            grad_x = (g @ w).addmm_(gb, a, alpha=ctx.scale).view(*grad.shape[:-1], w.shape[1])  # (..., in)
         return grad_x, None, None, grad_a, grad_b, None
 
 
@@ -406,7 +434,10 @@ def bf16_head(model, enabled: bool):
     (oneDNN's fpmath mode, torch.backends.mkldnn.matmul.fp32_precision): fp32 logits, not the 8-bit rounding
     of bf16 logits, from inputs rounded as autocast rounds every other matmul's. On the 1.5B's head 2.9x faster
     than fp32 (docs/benchmarks.md); log-probs and gradients against the fp32 head in tests/test_engine.py. The
-    setting is the process's: put back after."""
+    setting is the process's: put back after.
+
+    note: while it is set, torch.get_float32_matmul_precision() raises (the legacy API beside the new one), and
+    torch.compile calls it: nothing compiled may run inside the block."""
     knob = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)   # torch >= 2.9
     if not (enabled and model.device.type == "cpu" and native_bf16_cpu() and hasattr(knob, "fp32_precision")):
         yield

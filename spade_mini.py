@@ -397,7 +397,7 @@ def sampled_logprobs(model, rows: list, *, temperature: float, token_budget: int
     the sampling policy's (a designer sample's TIS denominator); before a step, pi_old."""
     out: list = [None] * len(rows)
     model.eval()
-    with torch.no_grad(), models.autocast(bf16, model):
+    with torch.no_grad(), models.autocast(bf16, model), models.bf16_head(model, bf16):   # the update's LM head
         for batch in models.micro_batches([len(ids) for ids, _ in rows], token_budget):
             ids, attn, mask = models.batch_tensors([rows[j] for j in batch], pad_id, model.device)  # (b, T)
             logp = token_logprobs(model, ids, attn, mask, temperature=temperature, chunk_size=chunk_size)  # (b, T)
@@ -494,7 +494,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     norms, role_norms = [], {"agent": [], "designer": []}
     loss_kw = dict(temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta, pad_id=pad_id,
                    chunk_size=chunk_size, bf16=bf16)
-    with models.bf16_base(model, bf16), models.bf16_head(model, bf16):   # --train-bf16 on a CPU (both: models)
+    with models.bf16_update(model, bf16, tokens=max([token_budget] + [len(s.token_ids) for s in samples])):
         old = None if len(shares) == 1 and not dropout else dict(zip(wanted, sampled_logprobs(
             model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted], temperature=temperature,
             token_budget=token_budget, pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)))

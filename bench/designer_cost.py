@@ -8,10 +8,9 @@
   the bytes a decode step must read (the weights in the dtype they decode in, plus the rows' KV cache) over the
   copy bandwidth, and the ratio is bound / measured;
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
-  --train-bf16 auto): the first of the process (fresh pages), then the best of two with gradient checkpointing as
-  the loop has it on a CPU (selective: the layers' matmul outputs kept, models._saved_by_checkpoint), the full
-  checkpoint it replaced and the selective one with the fp32 LM head models.bf16_head replaced (alternating),
-  and none (last: the most memory); useful FLOPs are
+  --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
+  it (in bf16: models.selective_checkpoint and models.bf16_head on), of each with that lever off (the full
+  checkpoint, the fp32 LM head; alternating), and with no checkpoint (last: the most memory); useful FLOPs are
   the forward and the backward to the activations (useful_flops), not the checkpoint's recompute; the ratio is
   useful FLOP/s over the matmul peak of the dtype it computes in;
 * in bf16, the LM head's lever (models.bf16_head) against the fp32 head: how far it moves the log-probs of 600
@@ -25,7 +24,6 @@ Prints `name: value` lines (and --json FILE). Run it on an idle machine: the rat
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import resource
@@ -106,7 +104,6 @@ def main() -> None:
     import cli   # sets THP_MEM_ALLOC_ENABLE, as the loop runs, before torch loads
     cli.run_under_tcmalloc()   # the allocator the loop runs under (SPADE_MINI_ALLOCATOR=system: glibc's)
     import torch
-    from torch.utils.checkpoint import checkpoint
     import models
     import runs
     import spade_mini
@@ -180,23 +177,27 @@ def main() -> None:
                           args.program_tokens * args.samples)
     report(out, "update_useful_tflop", round(useful / 1e12, 2))
     layers_ckpt = models._checkpointed_layers(model)
-    selective = layers_ckpt[0]._gradient_checkpointing_func
-    full = functools.partial(checkpoint, use_reentrant=False)   # what the CPU's selective checkpoint replaced
     peak = peaks["bf16" if train_bf16 else "fp32"]
     best: dict = {}
     # the first update of the process pays for its fresh pages (as a window's update after a phase gave memory
-    # back); then selective and full alternate, twice each, and off (the most memory) comes last: best of two
-    bf16_head = models.bf16_head
+    # back); then the loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head:
+    # bf16_head off), alternating twice, and off (the most memory) comes last: best of two
+    real = {"full": models.selective_checkpoint, "fp32_head": models.bf16_head}
+    off = {"full": lambda m, enabled, tokens: real["full"](m, False, tokens),
+           "fp32_head": lambda m, enabled: real["fp32_head"](m, False)}
+    names = {"full": "selective_checkpoint", "fp32_head": "bf16_head"}
     order = ("selective", "selective", "full", "fp32_head", "selective", "full", "fp32_head", "off", "off")
     for i, checkpointing in enumerate(order):
         for layer in layers_ckpt:
-            layer._gradient_checkpointing_func = full if checkpointing == "full" else selective
             layer.gradient_checkpointing = checkpointing != "off"
-        # fp32_head: selective, with the LM head in fp32 as before models.bf16_head
-        models.bf16_head = (lambda m, enabled: bf16_head(m, False)) if checkpointing == "fp32_head" else bf16_head
-        result = spade_mini.update(model, optimizer, samples, temperature=cfg.temperature,
-                                   token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
-        models.bf16_head = bf16_head
+        if checkpointing in off:
+            setattr(models, names[checkpointing], off[checkpointing])
+        try:
+            result = spade_mini.update(model, optimizer, samples, temperature=cfg.temperature,
+                                       token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
+        finally:
+            for lever, name in names.items():
+                setattr(models, name, real[lever])
         print(f"  update {i + 1}/{len(order)} ({checkpointing}): {result['seconds']:.1f} s, "
               f"grad norm {result['grad_norm']:.6f}", flush=True)
         if i == 0:

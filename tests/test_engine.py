@@ -7,6 +7,7 @@ import platform
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -418,9 +419,11 @@ def test_the_fused_lora_layer_leaves_to_peft_what_it_would_compute_otherwise(cas
         assert torch.equal(layer(x), want)
 
 
-def test_the_fused_lora_layer_with_a_base_bias_computes_peft_s_function():
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_fused_lora_layer_with_a_base_bias_computes_peft_s_function(bf16):
     """_FusedLora adds a base bias into its LoRA term before the one addmm of the base matmul (Qwen2's q, k and
-    v projections): the same output and LoRA gradients as peft's own forward, to fp32 rounding."""
+    v projections): the same output and LoRA gradients as peft's own forward, to fp32 rounding; under bf16
+    autocast each within bf16 rounding of the other. A zero-token input gives a zero-token output."""
     from peft import LoraConfig, get_peft_model
     torch.manual_seed(0)
     net = get_peft_model(torch.nn.Sequential(torch.nn.Linear(32, 48, bias=True)),
@@ -434,41 +437,67 @@ def test_the_fused_lora_layer_with_a_base_bias_computes_peft_s_function():
     for fused in (False, True):
         if fused:
             assert models.fuse_lora(net) == 1
-        y = layer(x)
-        runs.append((y.detach(), torch.autograd.grad(y.pow(2).sum(), params)))
-    assert torch.allclose(runs[0][0], runs[1][0], atol=1e-5)
-    assert all((a - b).abs().max() <= 1e-6 * a.abs().max() for a, b in zip(runs[0][1], runs[1][1]))   # sum order
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = layer(x).float()
+        runs.append((y.detach(), torch.cat([g.flatten() for g in torch.autograd.grad(y.pow(2).sum(), params)])))
+    (y0, g0), (y1, g1) = runs
+    if bf16:
+        assert (y0 - y1).abs().max() <= 2 ** -7 * y0.abs().max()
+        assert torch.nn.functional.cosine_similarity(g0.double(), g1.double(), dim=0) > 0.999
+    else:
+        assert torch.allclose(y0, y1, atol=1e-5)
+        assert (g0 - g1).abs().max() <= 1e-6 * g0.abs().max()   # the sums' order differs
+    assert layer(torch.randn(0, 32)).shape == (0, 48)
+
+
+class _CountOps(TorchDispatchMode):
+    """How many times each op ran below this mode (an op selective checkpointing answers from its store never
+    gets here)."""
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[func] = self.calls.get(func, 0) + 1
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_the_cpu_checkpoint_keeps_the_layers_matmuls_and_changes_no_gradient(bf16):
-    """On a CPU add_lora's checkpoint is selective (models._saved_by_checkpoint): the backward replays a layer's
+def test_the_selective_checkpoint_keeps_the_layers_matmuls_and_changes_no_gradient(bf16):
+    """models.selective_checkpoint (the update's, under --train-bf16 on a CPU): the backward replays a layer's
     elementwise ops but takes its matmul outputs from the forward. Against the full checkpoint it replaces: the
-    same LoRA gradient bit for bit, and the backward computes exactly the forward's layer matmuls fewer."""
-    import functools
-    from torch.utils.checkpoint import checkpoint
+    same LoRA gradient bit for bit, the backward's FLOPs exactly the forward's layer addmm fewer and no attention
+    forward replayed; the layers' own checkpoint is back after, and it stays off when not enabled or when its
+    kept outputs would not fit in half the free memory."""
     from torch.utils.flop_counter import FlopCounterMode
     model, _, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
                                     gradient_checkpointing=True, cache_dir=CACHE, seed=0)
     model.train()
     layers = models._checkpointed_layers(model)
+    own = [layer._gradient_checkpointing_func for layer in layers]
     params = [p for p in model.parameters() if p.requires_grad]
     ids = torch.tensor([list(range(20, 84))])   # (1, 64)
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     runs = {}
-    for kind in ("selective", "full"):
-        if kind == "full":
-            for layer in layers:
-                layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
-        with models.autocast(bf16, model), FlopCounterMode(display=False) as forward:
-            loss = model(input_ids=ids, use_cache=False).logits.float().pow(2).mean()
-        with FlopCounterMode(display=False) as backward:
-            loss.backward()
-        runs[kind] = (forward.get_flop_counts()["Global"], backward.get_total_flops(),
+    for kind in ("selective", "full", "not enabled", "no room"):
+        with contextlib.ExitStack() as stack:
+            if kind == "no room":
+                stack.enter_context(pytest.MonkeyPatch.context()).setattr(models, "_free_memory_bytes", lambda: 0.0)
+            stack.enter_context(models.selective_checkpoint(model, kind in ("selective", "no room"), tokens=64))
+            with models.autocast(bf16, model), FlopCounterMode(display=False) as forward:
+                loss = model(input_ids=ids, use_cache=False).logits.float().pow(2).mean()
+            with FlopCounterMode(display=False) as backward, _CountOps() as ops:
+                loss.backward()
+        assert [layer._gradient_checkpointing_func for layer in layers] == own
+        runs[kind] = (forward.get_flop_counts()["Global"], backward.get_total_flops(), ops.calls.get(attention, 0),
                       torch.cat([p.grad.flatten() for p in params]))
         model.zero_grad(set_to_none=True)
     layer_matmuls = runs["full"][0][torch.ops.aten.addmm]   # the layers' base + LoRA addmm (the head is a mm)
     assert layer_matmuls > 0 and runs["full"][1] - runs["selective"][1] == layer_matmuls
-    assert torch.equal(runs["selective"][2], runs["full"][2])
+    assert runs["full"][2] == len(layers) and runs["selective"][2] == 0   # the attention's forward, replayed or kept
+    assert torch.equal(runs["selective"][3], runs["full"][3])
+    for kind in ("not enabled", "no room"):   # the full checkpoint
+        assert runs[kind][1:3] == runs["full"][1:3] and torch.equal(runs[kind][3], runs["full"][3])
 
 
 @pytest.mark.skipif(not models.native_bf16_cpu(), reason="the lever is off without native bf16")
@@ -506,6 +535,24 @@ def test_the_bf16_head_keeps_fp32_logits_nearer_the_fp32_head_than_bf16_logits(t
     assert not torch.equal(runs["bf16_head"][1], runs["fp32 head"][1])
     with models.bf16_head(model, False):
         assert knob.fp32_precision == before
+    with pytest.raises(KeyError):
+        with models.bf16_head(model, True):
+            raise KeyError("a failing update")
+    assert knob.fp32_precision == before
+
+
+@pytest.mark.skipif(not models.native_bf16_cpu(), reason="the lever is off without native bf16")
+def test_a_sample_s_sampling_logprobs_are_taken_with_the_update_s_head(tiny_model):
+    """A designer sample's TIS denominator (sampled_logprobs, taken right after sampling, outside the update) is
+    computed as the update's pi_old is, inside models.bf16_update: the same log-probs bit for bit, so the TIS
+    ratio carries no difference of LM-head precision."""
+    model, _ = tiny_model
+    rows = [(list(range(20, 60)), [0] * 10 + [1] * 30)]
+    kw = dict(temperature=0.7, token_budget=4096, pad_id=0, bf16=True)
+    outside = sm.sampled_logprobs(model, rows, **kw)
+    with models.bf16_update(model, True, tokens=40):
+        inside = sm.sampled_logprobs(model, rows, **kw)
+    assert outside == inside
 
 
 def test_the_update_s_bf16_base_weights_change_no_gradient_and_are_put_back(tiny_model):
