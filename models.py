@@ -309,13 +309,12 @@ def selective_checkpoint(model, enabled: bool, tokens: int):
     """--train-bf16 on a CPU, for the block: the checkpointed layers keep their matmul outputs
     (_saved_by_checkpoint) and the backward replays only their elementwise ops, so a layer's matmuls run once,
     not twice. The same gradients bit for bit (tests/test_engine.py); the 1.5B's update 1.2x faster in
-    bench/designer_cost.py, 1.13x in a cpu-1.5b window, whose peak RSS it raised by 1.9 GiB (docs/benchmarks.md).
+    bench/designer_cost.py, 1.13x in a cpu-1.5b window, whose peak RSS it raised by 1.4–1.9 GiB (docs/benchmarks.md).
     Made only when the kept outputs of a micro-batch of `tokens` (bf16: 2 bytes for each LoRA layer's output
     feature and each layer's attention output) fit in half the memory free now; else the full checkpoint."""
-    layers = _checkpointed_layers(model)
-    bases = [m.get_base_layer() for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
-    kept = 2 * tokens * (sum(getattr(b, "out_features", 0) for b in bases) + len(layers) * model.config.hidden_size)
-    if not (enabled and layers and model.device.type == "cpu") or kept > _free_memory_bytes() / 2:
+    layers = _checkpointed_layers(model) if enabled and model.device.type == "cpu" else []
+    width = sum(getattr(m.get_base_layer(), "out_features", 0) for m in _lora_layers(model))
+    if not layers or 2 * tokens * (width + len(layers) * model.config.hidden_size) > _free_memory_bytes() / 2:
         yield
         return
     saved = [(layer, layer._gradient_checkpointing_func) for layer in layers]
@@ -411,7 +410,7 @@ def bf16_base(model, enabled: bool):
     update. The matmuls see the same bf16 values, so the log-probs and the gradients are the same
     (tests/test_engine.py); + 2 bytes a base weight while it lasts, made only when that fits in half the memory
     free now."""
-    layers = [m.get_base_layer() for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    layers = [m.get_base_layer() for m in _lora_layers(model)]
     layers = [b for b in layers if type(b) is torch.nn.Linear and b.weight.dtype == torch.float32
               and b.weight.device.type == "cpu"]
     if not enabled or not layers or sum(b.weight.numel() * 2 for b in layers) > _free_memory_bytes() / 2:
@@ -460,6 +459,11 @@ def load_adapter(model, adapter_dir: str | Path) -> None:
     if loaded.unexpected_keys:
         raise ValueError(f"{adapter_dir} does not fit this model: {len(loaded.unexpected_keys)} unexpected keys, "
                          f"e.g. {loaded.unexpected_keys[0]}")
+
+
+def _lora_layers(model) -> list[torch.nn.Module]:
+    """The model's peft LoRA layers (each wraps its frozen base layer)."""
+    return [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
 
 
 def _checkpointed_layers(model) -> list[torch.nn.Module]:
@@ -855,7 +859,7 @@ def lora_merged(model, dtype=torch.float32):
 
     subtle: the merged copies cost as much memory as the weights they replace in their dtype (0.5 GB for
     SmolLM2-135M, 16 GB for a 4B model in fp32), so they are made only when they fit in half the memory free now."""
-    layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    layers = _lora_layers(model)
     mergeable = all(hasattr(m, "get_delta_weight") and isinstance(m.get_base_layer(), torch.nn.Linear)
                     and m.get_base_layer().weight.dtype == torch.float32 and not getattr(m, "merged", False)
                     for m in layers)   # subtle: disable_adapter switches every adapter off, merged or not

@@ -182,22 +182,21 @@ def main() -> None:
     # the first update of the process pays for its fresh pages (as a window's update after a phase gave memory
     # back); then the loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head:
     # bf16_head off), alternating twice, and off (the most memory) comes last: best of two
-    real = {"full": models.selective_checkpoint, "fp32_head": models.bf16_head}
-    off = {"full": lambda m, enabled, tokens: real["full"](m, False, tokens),
-           "fp32_head": lambda m, enabled: real["fp32_head"](m, False)}
-    names = {"full": "selective_checkpoint", "fp32_head": "bf16_head"}
+    lever = {"full": "selective_checkpoint", "fp32_head": "bf16_head"}   # the one each mode turns off
     order = ("selective", "selective", "full", "fp32_head", "selective", "full", "fp32_head", "off", "off")
     for i, checkpointing in enumerate(order):
         for layer in layers_ckpt:
             layer.gradient_checkpointing = checkpointing != "off"
-        if checkpointing in off:
-            setattr(models, names[checkpointing], off[checkpointing])
+        name = lever.get(checkpointing)
+        real = getattr(models, name) if name else None
+        if name:
+            setattr(models, name, lambda m, enabled, *rest: real(m, False, *rest))
         try:
             result = spade_mini.update(model, optimizer, samples, temperature=cfg.temperature,
                                        token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
         finally:
-            for lever, name in names.items():
-                setattr(models, name, real[lever])
+            if name:
+                setattr(models, name, real)
         print(f"  update {i + 1}/{len(order)} ({checkpointing}): {result['seconds']:.1f} s, "
               f"grad norm {result['grad_norm']:.6f}", flush=True)
         if i == 0:
