@@ -1,7 +1,9 @@
 """The designer window's two costly parts against the CPU's own limits, measured in one process.
 
 * the machine: the matmul peak in fp32 and bf16, the best of the 1.5B's MLP shapes (2048 tokens x 1536 x 8960 and
-  back) with the weight stored either way and a 4096 cube, and a 1 GiB tensor copy (the memory bandwidth);
+  back) with the weight stored either way and a 4096 cube, and a 1 GiB tensor copy (the memory bandwidth), at the
+  start and again at the end; the ratios, printed last, take the best of the two (and for the peak, of the rate the
+  update's own matmuls ran at): a yardstick measured in one of a shared VM's slow spells would flatter them;
 * the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the
   weights, the LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged) on ROWS
   designer-sized prompts, each step timed by the loop's own token counter (the median of STEPS); its bound is
@@ -12,7 +14,9 @@
   it (in bf16: models.selective_checkpoint and models.bf16_head on), of each with that lever off (the full
   checkpoint, the fp32 LM head; alternating), and with no checkpoint (last: the most memory); useful FLOPs are
   the forward and the backward to the activations (useful_flops), not the checkpoint's recompute; the ratio is
-  useful FLOP/s over the matmul peak of the dtype it computes in;
+  useful FLOP/s over the matmul peak of the dtype it computes in; then one more as the loop runs it, profiled:
+  its seconds in matmuls, attention and the rest (time_by_kind), the rate its matmuls ran at, and the ratio it
+  would reach if attention and the rest took no time (the ceiling its matmuls set);
 * in bf16, the LM head's lever (models.bf16_head) against the fp32 head: how far it moves the log-probs of 600
   tokens of this repository's code, beside a bf16 head (bf16 logits).
 
@@ -80,6 +84,25 @@ def useful_flops(body: int, head: int, layers: int, width: int, lengths: list[in
     return 4 * body * sum(lengths) + 12 * layers * width * positions + 4 * head * trained
 
 
+MATMULS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"}
+
+
+def time_by_kind(ops: list[tuple[str, float, int]]) -> dict:
+    """A profiled update's ops, (name, self seconds, FLOPs the profiler counted), summed by kind: the seconds in
+    matmuls (MATMULS), in attention (the SDPA kernels, forward and backward) and in the rest (elementwise ops,
+    casts, the checkpoint's dispatch, the optimizer), and the matmuls' counted FLOPs over the seconds of the ops
+    they were counted for (torch's profiler counts mm, addmm and bmm; addmm_, LoRA's rank-r accumulation into the
+    input's gradient, is counted in the seconds only)."""
+    kinds = {"matmul_s": 0.0, "attention_s": 0.0, "rest_s": 0.0, "matmul_flops": 0, "counted_matmul_s": 0.0}
+    for name, seconds, flops in ops:
+        kind = "matmul_s" if name in MATMULS else "attention_s" if "scaled_dot_product" in name else "rest_s"
+        kinds[kind] += seconds
+        if kind == "matmul_s" and flops:
+            kinds["matmul_flops"] += flops
+            kinds["counted_matmul_s"] += seconds
+    return kinds
+
+
 def copy_gbps(torch, gib: float = 1.0, reps: int = 5) -> float:
     """Read + write bytes per second of a large tensor copy, the best of `reps`."""
     src = torch.ones(int(gib * 2**30) // 4)
@@ -117,11 +140,11 @@ def main() -> None:
     report(out, "huge_pages", os.environ["THP_MEM_ALLOC_ENABLE"])
     report(out, "allocator", models.allocator())
     report(out, "load_average_at_start", round(os.getloadavg()[0], 2))
-    peaks = {"fp32": matmul_gflops(torch, torch.float32), "bf16": matmul_gflops(torch, torch.bfloat16)}
-    report(out, "matmul_fp32_gflops", round(peaks["fp32"], 1))
-    report(out, "matmul_bf16_gflops", round(peaks["bf16"], 1))
-    bandwidth = copy_gbps(torch)
-    report(out, "copy_gbps", round(bandwidth, 1))
+    peaks = {"fp32": [matmul_gflops(torch, torch.float32)], "bf16": [matmul_gflops(torch, torch.bfloat16)]}
+    report(out, "matmul_fp32_gflops_at_start", round(peaks["fp32"][0], 1))
+    report(out, "matmul_bf16_gflops_at_start", round(peaks["bf16"][0], 1))
+    bandwidths = [copy_gbps(torch)]
+    report(out, "copy_gbps_at_start", round(bandwidths[0], 1))
     cfg = runs.Config(**{**runs.PRESETS["cpu-1.5b"], "model": args.model, "train_bf16": args.train_bf16,
                          "generate_bf16": args.generate_bf16})
     model, tok, _ = models.load_model(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
@@ -157,14 +180,11 @@ def main() -> None:
     head_bytes = embed * dtype_bytes   # the LM head reads its whole weight every step
     kv_bytes = args.rows * layers * 2 * kv_width * (args.prompt_tokens + args.steps / 2) * dtype_bytes
     step_bytes = body * dtype_bytes + head_bytes + kv_bytes
-    bound_s = step_bytes / (bandwidth * 1e9)
     prefill_flops = args.rows * args.prompt_tokens * 2 * (body + embed / args.prompt_tokens)
     report(out, "prefill_s", round(prefill_s, 1))
     report(out, "prefill_gflops", round(prefill_flops / prefill_s / 1e9, 1))
     report(out, "decode_s_per_step", round(decode_s, 3))
     report(out, "decode_bytes_per_step_gb", round(step_bytes / 1e9, 2))
-    report(out, "decode_bound_s_per_step", round(bound_s, 3))
-    report(out, "decode_over_bandwidth_bound", round(bound_s / decode_s, 3))
 
     # the update: designer-sized samples, checkpointing on and off
     samples = [spade_mini.Sample(p + torch.randint(200, 20000, (args.program_tokens,), generator=g).tolist(),
@@ -177,7 +197,6 @@ def main() -> None:
                           args.program_tokens * args.samples)
     report(out, "update_useful_tflop", round(useful / 1e12, 2))
     layers_ckpt = models._checkpointed_layers(model)
-    peak = peaks["bf16" if train_bf16 else "fp32"]
     best: dict = {}
     # the first update of the process pays for its fresh pages (as a window's update after a phase gave memory
     # back); then the loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head:
@@ -201,7 +220,7 @@ def main() -> None:
               f"grad norm {result['grad_norm']:.6f}", flush=True)
         if i == 0:
             report(out, "update_first_s", round(result["seconds"], 1))
-            report(out, "update_first_useful_over_peak", round(useful / result["seconds"] / 1e9 / peak, 3))
+            first_s = result["seconds"]
             continue
         if result["seconds"] < best.get(checkpointing, {"seconds": float("inf")})["seconds"]:
             best[checkpointing] = result
@@ -212,7 +231,19 @@ def main() -> None:
         report(out, f"{name}_s", round(result["seconds"], 1))
         report(out, f"{name}_tok_per_s", round(result["tokens_per_s"], 1))
         report(out, f"{name}_grad_norm", round(result["grad_norm"], 6))
-        report(out, f"{name}_useful_over_peak", round(useful / result["seconds"] / 1e9 / peak, 3))
+    # where the loop's update spends its time: one more, profiled (torch.profiler, self time of each op)
+    for layer in layers_ckpt:
+        layer.gradient_checkpointing = True
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as prof:
+        result = spade_mini.update(model, optimizer, samples, temperature=cfg.temperature,
+                                   token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
+    kinds = time_by_kind([(e.key, e.self_cpu_time_total / 1e6, e.flops) for e in prof.key_averages()])
+    result_profiled = result["seconds"]
+    report(out, "update_profiled_s", round(result_profiled, 1))
+    for kind in ("matmul_s", "attention_s", "rest_s"):
+        report(out, f"update_profiled_{kind}", round(kinds[kind], 1))
+    rate = kinds["matmul_flops"] / max(kinds["counted_matmul_s"], 1e-9) / 1e9
+    report(out, "update_matmul_gflops", round(rate, 1))
     if train_bf16:   # the head's lever against the fp32 head it replaced, beside a bf16 head (bf16 logits)
         ids = torch.tensor([tok(Path(ROOT / "envs.py").read_text())["input_ids"][:600]])   # real code, (1, 600)
         ones, head = torch.ones_like(ids), model.get_output_embeddings()
@@ -230,6 +261,30 @@ def main() -> None:
             moved = (logprobs(kind) - fp32_head).abs()
             report(out, f"head_{kind}_logprob_moved_mean", round(float(moved.mean()), 4))
             report(out, f"head_{kind}_logprob_moved_max", round(float(moved.max()), 4))
+
+    # the yardsticks again at the end: on a shared VM the speed moves within minutes (the bf16 peak read 842
+    # GFLOP/s at one start while the update's own matmuls ran at 1,152), and a peak measured in a slow spell
+    # overstates every ratio: the peak is the best of the start, the end and the update's matmuls, the bandwidth
+    # the best of the start and the end
+    dtype = "bf16" if train_bf16 else "fp32"
+    peaks[dtype].append(matmul_gflops(torch, getattr(torch, "bfloat16" if train_bf16 else "float32")))
+    report(out, f"matmul_{dtype}_gflops_at_end", round(peaks[dtype][-1], 1))
+    bandwidths.append(copy_gbps(torch))
+    report(out, "copy_gbps_at_end", round(bandwidths[-1], 1))
+    peak, bandwidth = max(peaks[dtype] + [rate]), max(bandwidths)
+    report(out, f"matmul_{dtype}_peak_gflops", round(peak, 1))
+    report(out, "matmul_peak_from", "the update's matmuls" if peak == rate else "the bench's matmuls")
+    report(out, "copy_gbps", round(bandwidth, 1))
+    bound_s = step_bytes / (bandwidth * 1e9)
+    report(out, "decode_bound_s_per_step", round(bound_s, 3))
+    report(out, "decode_over_bandwidth_bound", round(bound_s / decode_s, 3))
+    report(out, "update_first_useful_over_peak", round(useful / first_s / 1e9 / peak, 3))
+    for checkpointing, result in best.items():
+        report(out, f"update_ckpt_{checkpointing}_useful_over_peak", round(useful / result["seconds"] / 1e9 / peak, 3))
+    report(out, "update_profiled_useful_over_peak", round(useful / result_profiled / 1e9 / peak, 3))
+    report(out, "update_matmul_over_peak", round(rate / peak, 3))
+    # the ratio the update would reach if attention and the rest took no time: the ceiling its matmuls set
+    report(out, "update_useful_over_peak_matmuls_alone", round(useful / kinds["matmul_s"] / 1e9 / peak, 3))
     report(out, "load_average_at_end", round(os.getloadavg()[0], 2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

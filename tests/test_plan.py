@@ -238,13 +238,31 @@ def test_an_observation_is_cut_to_its_token_cap_with_a_marker_and_a_short_one_is
     assert "\ufffd" not in sm._clip_observation("\u732b" * 300, tok, 20)   # no broken character at the cut
 
 
-def test_the_update_s_useful_flops_by_hand():
-    """bench/designer_cost.useful_flops: samples of 3 and 2 tokens, 2 of them scored, body 10 weights, head 3,
-    2 layers of width 4: 4 x 10 x 5 = 200 (layers), 12 x 2 x 4 x (1+2+3 + 1+2) = 864 (causal attention, forward
-    4 and backward 8 per width and position), 4 x 3 x 2 = 24 (the head on the scored tokens): 1,088."""
+def designer_cost():
     import importlib.util
     path = Path(__file__).resolve().parent.parent / "bench" / "designer_cost.py"
     spec = importlib.util.spec_from_file_location("designer_cost", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_update_s_useful_flops_by_hand():
+    """bench/designer_cost.useful_flops: samples of 3 and 2 tokens, 2 of them scored, body 10 weights, head 3,
+    2 layers of width 4: 4 x 10 x 5 = 200 (layers), 12 x 2 x 4 x (1+2+3 + 1+2) = 864 (causal attention, forward
+    4 and backward 8 per width and position), 4 x 3 x 2 = 24 (the head on the scored tokens): 1,088."""
+    bench = designer_cost()
     assert bench.useful_flops(body=10, head=3, layers=2, width=4, lengths=[3, 2], trained=2) == 200 + 864 + 24
+
+
+def test_a_profiled_update_s_seconds_by_kind_by_hand():
+    """bench/designer_cost.time_by_kind: mm 2 s (8 GFLOP) + addmm 1 s (4) + addmm_ 0.5 s (no FLOPs counted) are
+    matmuls, 3.5 s, at 12 GFLOP over the 3 s they were counted for; the flash kernel's forward 0.25 s and backward
+    0.75 s are attention, 1 s; mul 0.4 s and copy_ 0.6 s the rest, 1 s."""
+    kinds = designer_cost().time_by_kind([
+        ("aten::mm", 2.0, 8_000_000_000), ("aten::addmm", 1.0, 4_000_000_000), ("aten::addmm_", 0.5, 0),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", 0.25, 0),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", 0.75, 0),
+        ("aten::mul", 0.4, 1000), ("aten::copy_", 0.6, 0)])
+    assert kinds == {"matmul_s": 3.5, "attention_s": 1.0, "rest_s": 1.0, "matmul_flops": 12_000_000_000,
+                     "counted_matmul_s": 3.0}
