@@ -77,7 +77,7 @@ def matmul_gflops(torch, dtype, shapes=PEAK_SHAPES, reps=6) -> float:
 def sustained_gflops(torch, dtype, seconds: float = 30.0, shape=PEAK_SHAPES[0]) -> list[float]:
     """The MLP-shaped matmul run back to back for `seconds` -> its rate in each second (GFLOP/s): what the machine
     keeps up for as long as an update lasts, where matmul_gflops takes the best of a few 20-50 ms products (on a
-    shared VM's bursts the two parted 4x: 2,300 against ~600 GFLOP/s)."""
+    shared VM, in one run: 1,116 against 619 GFLOP/s; the best product read 2,307 at another run's start)."""
     m, k, n = shape
     a, b, out = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype).t(), torch.empty(m, n, dtype=dtype)
     rates, end = [], time.perf_counter() + seconds
@@ -286,10 +286,10 @@ def main() -> None:
             report(out, f"head_{kind}_logprob_moved_mean", round(float(moved.mean()), 4))
             report(out, f"head_{kind}_logprob_moved_max", round(float(moved.max()), 4))
 
-    # the yardsticks again at the end: on a shared VM the speed moves within minutes (the bf16 peak read 842
-    # GFLOP/s at one start while the update's own matmuls ran at 1,152), and a peak measured in a slow spell
-    # overstates every ratio: the peak is the best of the start, the end and the update's matmuls, the bandwidth
-    # the best of the start and the end
+    # the yardsticks again at the end: on a shared VM the speed moves within minutes (the bf16 peak read 1,116
+    # GFLOP/s at one run's start and 887 at its end, 842 and 2,307 at the starts of two others), and a peak measured
+    # in a slow spell flatters every ratio: the peak is the best of the start, the end and the update's own matmul
+    # rate (a peak below it would not be one), the bandwidth the best of the start and the end
     dtype = "bf16" if train_bf16 else "fp32"
     peaks[dtype].append(matmul_gflops(torch, getattr(torch, "bfloat16" if train_bf16 else "float32")))
     report(out, f"matmul_{dtype}_gflops_at_end", round(peaks[dtype][-1], 1))
