@@ -1,10 +1,11 @@
 """The designer window's two costly parts against the CPU's own limits, measured in one process.
 
 * the machine: the matmul peak in fp32 and bf16, the best of the 1.5B's MLP shapes (2048 tokens x 1536 x 8960 and
-  back) with the weight stored either way and a 4096 cube, and a 1 GiB tensor copy (the memory bandwidth), at the
-  start and again at the end; the ratios, printed last, take the best of the two (and for the peak, of the rate the
-  update's own matmuls ran at): a yardstick measured in one of a shared VM's slow spells would flatter them; and,
-  for information beside the peak, the rate the MLP matmul sustains over 30 s (sustained_gflops, the median second);
+  back) with the weight stored either way and a 4096 cube, and a 1 GiB tensor copy (the memory bandwidth); at the
+  end the peak of the update's dtype and the bandwidth again (yardsticks_at_end): the ratios, printed last, take
+  the best of the two (and for the peak, of the rate the update's own matmuls ran at), as a yardstick measured in
+  one of a shared VM's slow spells would flatter them; and, for information beside the peak, the rate the MLP
+  matmul sustains over 30 s (sustained_gflops, the median second);
 * the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the
   weights, the LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged) on ROWS
   designer-sized prompts, each step timed by the loop's own token counter (the median of STEPS); its bound is
@@ -15,9 +16,9 @@
   it (in bf16: models.selective_checkpoint and models.bf16_head on), of each with that lever off (the full
   checkpoint, the fp32 LM head; alternating), and with no checkpoint (last: the most memory); useful FLOPs are
   the forward and the backward to the activations (useful_flops), not the checkpoint's recompute; the ratio is
-  useful FLOP/s over the matmul peak of the dtype it computes in; then one more as the loop runs it, profiled:
-  its seconds in matmuls, attention and the rest (by_kind), the rate its matmuls ran at (their FLOPs counted in one
-  more), and the ratio it would reach if attention and the rest took no time (the ceiling its matmuls set);
+  useful FLOP/s over the matmul peak of the dtype it computes in; then where the loop's update spends its time
+  (where_time_goes): its seconds in matmuls, attention and the rest, the rate its matmuls ran at, and the ratio
+  it would reach if attention and the rest took no time (the ceiling its matmuls set);
 * in bf16, the LM head's lever (models.bf16_head) against the fp32 head: how far it moves the log-probs of 600
   tokens of this repository's code, beside a bf16 head (bf16 logits).
 
@@ -29,6 +30,7 @@ Prints `name: value` lines (and --json FILE). Run it on an idle machine: the rat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -106,13 +108,60 @@ MATMULS = {"mm", "addmm", "addmm_", "bmm", "baddbmm"}
 
 def by_kind(amounts: list[tuple[str, float]]) -> dict:
     """(op name, amount) pairs summed by the op's kind: "matmul" (MATMULS), "attention" (the SDPA kernels, forward
-    and backward) or "rest" (elementwise ops, casts, the checkpoint's dispatch, the optimizer). A name is the
-    profiler's ("aten::addmm") or torch's flop counter's ("aten.addmm")."""
+    and backward) or "rest" (elementwise ops, casts, autograd's bookkeeping, the optimizer). A name is the
+    profiler's ("aten::addmm") or torch's flop counter's ("aten.addmm").
+
+    note: in the profiler's self times, the selective checkpoint's dispatch of an op it keeps counts in that op's
+    seconds (matmul, attention); the flop counter has no formula for addmm_ (LoRA's rank-r term added into the
+    input's gradient, ~1% of the layers' matmul FLOPs at rank 16) nor for the CPU flash kernel."""
     kinds = {"matmul": 0.0, "attention": 0.0, "rest": 0.0}
     for op, amount in amounts:
         name = op.replace("::", ".").removeprefix("aten.")
         kinds["matmul" if name in MATMULS else "attention" if "scaled_dot_product" in name else "rest"] += amount
     return kinds
+
+
+def where_time_goes(run_update, layers: int, width: int, lengths: list[int]) -> dict:
+    """One update under torch.profiler, its self times summed by_kind; one more under torch's flop counter (not the
+    profiler's count, which takes an op that the selective checkpoint dispatches, or takes from its cache in the
+    backward, two or three times: 1,129 GFLOP/s for matmuls that ran at ~580); the matmuls' counted FLOPs over
+    their seconds, and attention's useful FLOPs (useful_flops) over its seconds. Under a full checkpoint the latter
+    counts the replayed attention forward as not useful."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        wall_s = run_update()["seconds"]
+    seconds_by_kind = by_kind([(e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()])
+    with FlopCounterMode(display=False) as counter:
+        run_update()
+    flops = by_kind([(str(op), n) for op, n in counter.get_flop_counts()["Global"].items()])
+    attention = useful_flops(0, 0, layers, width, lengths, 0)
+    return {"profiled_s": wall_s, **{f"profiled_{k}_s": v for k, v in seconds_by_kind.items()},
+            "matmul_tflop_counted": flops["matmul"] / 1e12,
+            "matmul_gflops": flops["matmul"] / seconds_by_kind["matmul"] / 1e9,
+            "attention_useful_gflops": attention / max(seconds_by_kind["attention"], 1e-9) / 1e9}
+
+
+def yardsticks_at_end(torch, out: dict, dtype: str, peaks: list[float], bandwidths: list[float],
+                      update_matmul_gflops: float, sustained_seconds: float) -> tuple[float, float, float]:
+    """The peak of `dtype` and the bandwidth measured again at the end -> (peak, bandwidth, sustained) for the
+    ratios: on a shared VM the speed moves within minutes (the bf16 peak read 1,116 GFLOP/s at one run's start and
+    887 at its end, 842 and 2,307 at the starts of two others), and a yardstick measured in a slow spell flatters
+    every ratio, so each is the best of the start and the end, and the peak of the update's own matmul rate too (a
+    peak below it would not be one); the sustained rate (sustained_gflops' median second) is for information."""
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    peaks.append(matmul_gflops(torch, torch_dtype))
+    report(out, f"matmul_{dtype}_gflops_at_end", round(peaks[-1], 1))
+    bandwidths.append(copy_gbps(torch))
+    report(out, "copy_gbps_at_end", round(bandwidths[-1], 1))
+    peak, bandwidth = max(peaks + [update_matmul_gflops]), max(bandwidths)
+    report(out, f"matmul_{dtype}_peak_gflops", round(peak, 1))
+    report(out, "matmul_peak_from", "the update's matmuls" if peak == update_matmul_gflops else "the bench's matmuls")
+    report(out, "copy_gbps", round(bandwidth, 1))
+    rates = sustained_gflops(torch, torch_dtype, sustained_seconds)
+    report(out, f"matmul_{dtype}_sustained_gflops", round(statistics.median(rates), 1))
+    report(out, f"matmul_{dtype}_sustained_gflops_min_max", [round(min(rates), 1), round(max(rates), 1)])
+    return peak, bandwidth, statistics.median(rates)
 
 
 def copy_gbps(torch, gib: float = 1.0, reps: int = 5) -> float:
@@ -140,7 +189,6 @@ def main() -> None:
     import cli   # sets THP_MEM_ALLOC_ENABLE, as the loop runs, before torch loads
     cli.run_under_tcmalloc()   # the allocator the loop runs under (SPADE_MINI_ALLOCATOR=system: glibc's)
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
     import models
     import runs
     import spade_mini
@@ -211,7 +259,10 @@ def main() -> None:
                           args.program_tokens * args.samples)
     report(out, "update_useful_tflop", round(useful / 1e12, 2))
     layers_ckpt = models._checkpointed_layers(model)
+    run_update = functools.partial(spade_mini.update, model, optimizer, samples, temperature=cfg.temperature,
+                                   token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
     best: dict = {}
+    results: list = []
     # the first update of the process pays for its fresh pages (as a window's update after a phase gave memory
     # back); then the loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head:
     # bf16_head off), alternating twice, and off (the most memory) comes last: best of two
@@ -225,8 +276,8 @@ def main() -> None:
         if name:
             setattr(models, name, lambda m, enabled, *rest: real(m, False, *rest))
         try:
-            result = spade_mini.update(model, optimizer, samples, temperature=cfg.temperature,
-                                       token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
+            result = run_update()
+            results.append(result)
         finally:
             if name:
                 setattr(models, name, real)
@@ -234,7 +285,6 @@ def main() -> None:
               f"grad norm {result['grad_norm']:.6f}", flush=True)
         if i == 0:
             report(out, "update_first_s", round(result["seconds"], 1))
-            first_s = result["seconds"]
             continue
         if result["seconds"] < best.get(checkpointing, {"seconds": float("inf")})["seconds"]:
             best[checkpointing] = result
@@ -245,29 +295,13 @@ def main() -> None:
         report(out, f"{name}_s", round(result["seconds"], 1))
         report(out, f"{name}_tok_per_s", round(result["tokens_per_s"], 1))
         report(out, f"{name}_grad_norm", round(result["grad_norm"], 6))
-    # where the loop's update spends its time: one more, profiled (torch.profiler, self time of each op)
+    report(out, "update_seconds_in_order", [round(r["seconds"], 1) for r in results])
+    # where the loop's update spends its time: one more, profiled, and one more counted
     for layer in layers_ckpt:
         layer.gradient_checkpointing = True
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        result = spade_mini.update(model, optimizer, samples, temperature=cfg.temperature,
-                                   token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
-    seconds = by_kind([(e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()])
-    result_profiled = result["seconds"]
-    report(out, "update_profiled_s", round(result_profiled, 1))
-    for kind, value in seconds.items():
-        report(out, f"update_profiled_{kind}_s", round(value, 1))
-    # the FLOPs its matmuls did, counted in one more (torch's flop counter; not the profiler's, which counts an op
-    # that the selective checkpoint dispatches or takes from its cache two or three times), over their seconds;
-    # the attention's useful FLOPs over its seconds (the counter has no formula for the CPU flash kernel)
-    with FlopCounterMode(display=False) as counter:
-        spade_mini.update(model, optimizer, samples, temperature=cfg.temperature,
-                          token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
-    flops = by_kind([(str(op), n) for op, n in counter.get_flop_counts()["Global"].items()])
-    rate = flops["matmul"] / seconds["matmul"] / 1e9
-    report(out, "update_matmul_tflop_counted", round(flops["matmul"] / 1e12, 2))
-    report(out, "update_matmul_gflops", round(rate, 1))
-    attention = useful_flops(0, 0, layers, width, [len(s.token_ids) for s in samples], 0)
-    report(out, "update_attention_useful_gflops", round(attention / max(seconds["attention"], 1e-9) / 1e9, 1))
+    profiled = where_time_goes(run_update, layers, width, [len(s.token_ids) for s in samples])
+    for name, value in profiled.items():
+        report(out, f"update_{name}", round(value, 3))
     if train_bf16:   # the head's lever against the fp32 head it replaced, beside a bf16 head (bf16 logits)
         ids = torch.tensor([tok(Path(ROOT / "envs.py").read_text())["input_ids"][:600]])   # real code, (1, 600)
         ones, head = torch.ones_like(ids), model.get_output_embeddings()
@@ -286,35 +320,22 @@ def main() -> None:
             report(out, f"head_{kind}_logprob_moved_mean", round(float(moved.mean()), 4))
             report(out, f"head_{kind}_logprob_moved_max", round(float(moved.max()), 4))
 
-    # the yardsticks again at the end: on a shared VM the speed moves within minutes (the bf16 peak read 1,116
-    # GFLOP/s at one run's start and 887 at its end, 842 and 2,307 at the starts of two others), and a peak measured
-    # in a slow spell flatters every ratio: the peak is the best of the start, the end and the update's own matmul
-    # rate (a peak below it would not be one), the bandwidth the best of the start and the end
     dtype = "bf16" if train_bf16 else "fp32"
-    peaks[dtype].append(matmul_gflops(torch, getattr(torch, "bfloat16" if train_bf16 else "float32")))
-    report(out, f"matmul_{dtype}_gflops_at_end", round(peaks[dtype][-1], 1))
-    bandwidths.append(copy_gbps(torch))
-    report(out, "copy_gbps_at_end", round(bandwidths[-1], 1))
-    peak, bandwidth = max(peaks[dtype] + [rate]), max(bandwidths)
-    report(out, f"matmul_{dtype}_peak_gflops", round(peak, 1))
-    sustained = statistics.median(sustained_gflops(torch, getattr(torch, "bfloat16" if train_bf16 else "float32"),
-                                                   args.sustained_seconds))
-    report(out, f"matmul_{dtype}_sustained_gflops", round(sustained, 1))
-    report(out, "matmul_peak_from", "the update's matmuls" if peak == rate else "the bench's matmuls")
-    report(out, "copy_gbps", round(bandwidth, 1))
+    peak, bandwidth, sustained = yardsticks_at_end(torch, out, dtype, peaks[dtype], bandwidths,
+                                                   profiled["matmul_gflops"], args.sustained_seconds)
     bound_s = step_bytes / (bandwidth * 1e9)
     report(out, "decode_bound_s_per_step", round(bound_s, 3))
     report(out, "decode_over_bandwidth_bound", round(bound_s / decode_s, 3))
-    report(out, "update_first_useful_over_peak", round(useful / first_s / 1e9 / peak, 3))
+    report(out, "update_first_useful_over_peak", round(useful / results[0]["seconds"] / 1e9 / peak, 3))
     for checkpointing, result in best.items():
         report(out, f"update_ckpt_{checkpointing}_useful_over_peak", round(useful / result["seconds"] / 1e9 / peak, 3))
-    report(out, "update_profiled_useful_over_peak", round(useful / result_profiled / 1e9 / peak, 3))
+    report(out, "update_profiled_useful_over_peak", round(useful / profiled["profiled_s"] / 1e9 / peak, 3))
     # beside the verdict (over the peak), the loop's update over what the machine sustains (information only)
     report(out, "update_ckpt_selective_useful_over_sustained",
            round(useful / best["selective"]["seconds"] / 1e9 / sustained, 3))
-    report(out, "update_matmul_over_peak", round(rate / peak, 3))
+    report(out, "update_matmul_over_peak", round(profiled["matmul_gflops"] / peak, 3))
     # the ratio the update would reach if attention and the rest took no time: the ceiling its matmuls set
-    report(out, "update_useful_over_peak_matmuls_alone", round(useful / seconds["matmul"] / 1e9 / peak, 3))
+    report(out, "update_useful_over_peak_matmuls_alone", round(useful / profiled["profiled_matmul_s"] / 1e9 / peak, 3))
     report(out, "load_average_at_end", round(os.getloadavg()[0], 2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -266,3 +266,24 @@ def test_a_profiled_update_s_seconds_and_flops_by_kind_by_hand():
         ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", 0.75),
         ("aten::mul", 0.4), ("aten::copy_", 0.6)]) == {"matmul": 3.5, "attention": 1.0, "rest": 1.0}
     assert bench.by_kind([("aten.mm", 8), ("aten.addmm", 4)]) == {"matmul": 12, "attention": 0, "rest": 0}
+
+
+def test_where_the_update_s_time_goes_counts_each_matmul_once_under_the_selective_checkpoint():
+    """bench/designer_cost.where_time_goes on a layer checkpointed with the update's policy: its forward addmm
+    (2 x 128 x 64 x 32 FLOPs) and the backward's two mm are counted once each, not the profiler's way (the addmm
+    dispatched through the checkpoint and taken from its cache in the backward count again there)."""
+    import functools
+    import time
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    w = torch.randn(64, 32, requires_grad=True)
+    policy = functools.partial(create_selective_checkpoint_contexts, models._saved_by_checkpoint)
+
+    def run_update():
+        start, x = time.perf_counter(), torch.randn(128, 64, requires_grad=True)
+        y = checkpoint(lambda x: torch.relu(torch.addmm(torch.zeros(128, 32), x, w)), x, use_reentrant=False,
+                       context_fn=policy)
+        y.sum().backward()
+        return {"seconds": time.perf_counter() - start}
+    got = designer_cost().where_time_goes(run_update, layers=1, width=4, lengths=[3])
+    assert got["matmul_tflop_counted"] * 1e12 == 3 * 2 * 128 * 64 * 32
+    assert got["profiled_matmul_s"] > 0 and got["profiled_attention_s"] == 0 and got["profiled_rest_s"] > 0
