@@ -113,7 +113,7 @@ def by_kind(amounts: list[tuple[str, float]]) -> dict:
 
     note: in the profiler's self times, the selective checkpoint's dispatch of an op it keeps counts in that op's
     seconds (matmul, attention); the flop counter has no formula for addmm_ (LoRA's rank-r term added into the
-    input's gradient, ~1% of the layers' matmul FLOPs at rank 16) nor for the CPU flash kernel."""
+    input's gradient, 0.16% of the 1.5B's layer matmul FLOPs at the preset's rank 8) nor for the CPU flash kernel."""
     kinds = {"matmul": 0.0, "attention": 0.0, "rest": 0.0}
     for op, amount in amounts:
         name = op.replace("::", ".").removeprefix("aten.")
@@ -138,8 +138,13 @@ def where_time_goes(run_update, layers: int, width: int, lengths: list[int]) -> 
     attention = useful_flops(0, 0, layers, width, lengths, 0)
     return {"profiled_s": wall_s, **{f"profiled_{k}_s": v for k, v in seconds_by_kind.items()},
             "matmul_tflop_counted": flops["matmul"] / 1e12,
-            "matmul_gflops": flops["matmul"] / seconds_by_kind["matmul"] / 1e9,
-            "attention_useful_gflops": attention / max(seconds_by_kind["attention"], 1e-9) / 1e9}
+            "matmul_gflops": gflops(flops["matmul"], seconds_by_kind["matmul"]),
+            "attention_useful_gflops": gflops(attention, seconds_by_kind["attention"])}
+
+
+def gflops(flops: float, seconds: float) -> float:
+    """FLOPs over seconds in GFLOP/s; 0 where nothing ran (no time measured)."""
+    return flops / seconds / 1e9 if seconds > 0 else 0.0
 
 
 def yardsticks_at_end(torch, out: dict, dtype: str, peaks: list[float], bandwidths: list[float],
@@ -335,7 +340,7 @@ def main() -> None:
            round(useful / best["selective"]["seconds"] / 1e9 / sustained, 3))
     report(out, "update_matmul_over_peak", round(profiled["matmul_gflops"] / peak, 3))
     # the ratio the update would reach if attention and the rest took no time: the ceiling its matmuls set
-    report(out, "update_useful_over_peak_matmuls_alone", round(useful / profiled["profiled_matmul_s"] / 1e9 / peak, 3))
+    report(out, "update_useful_over_peak_matmuls_alone", round(gflops(useful, profiled["profiled_matmul_s"]) / peak, 3))
     report(out, "load_average_at_end", round(os.getloadavg()[0], 2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

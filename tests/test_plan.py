@@ -287,3 +287,4 @@ def test_where_the_update_s_time_goes_counts_each_matmul_once_under_the_selectiv
     got = designer_cost().where_time_goes(run_update, layers=1, width=4, lengths=[3])
     assert got["matmul_tflop_counted"] * 1e12 == 3 * 2 * 128 * 64 * 32
     assert got["profiled_matmul_s"] > 0 and got["profiled_attention_s"] == 0 and got["profiled_rest_s"] > 0
+    assert got["attention_useful_gflops"] == 0   # no attention ran: no rate, not FLOPs over a guard's 1e-9 s
