@@ -176,6 +176,84 @@ def copy_gbps(torch, gib: float = 1.0, reps: int = 5) -> float:
     return 2 * src.numel() * 4 / best_seconds(lambda: dst.copy_(src), reps) / 1e9
 
 
+def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> tuple[float, list[float]]:
+    """The loop's generate of 1 + `steps` tokens, timed by the loop's own token counter -> (seconds to the first
+    token: the weight copies, the prompts' prefill and the first token; the seconds of each decode step after it,
+    all rows, finished ones too)."""
+    import models
+    stamps = []
+
+    class Stamped(models._CountTokens):   # the loop's token counter, with the time of each put
+        def put(self, value):
+            stamps.append(time.perf_counter())
+            super().put(value)
+    counter, models._CountTokens = models._CountTokens, Stamped
+    try:
+        start = time.perf_counter()
+        models.generate(model, tok, prompts, max_new_tokens=1 + steps, **kw)
+    finally:
+        models._CountTokens = counter
+    return stamps[1] - start, [b - a for a, b in zip(stamps[1:], stamps[2:])]
+
+
+def updates_by_mode(run_update, layers_ckpt: list, out: dict) -> tuple[list[dict], dict]:
+    """The update in each mode -> (every result in order, the best of each mode after the first update). The
+    first of the process pays for its fresh pages (as a window's update after a phase gave memory back); then the
+    loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head: bf16_head off),
+    alternating twice, and off (no checkpoint, the most memory) comes last: best of two."""
+    import models
+    lever = {"full": "selective_checkpoint", "fp32_head": "bf16_head"}   # the one each mode turns off
+    order = ("selective", "selective", "full", "fp32_head", "selective", "full", "fp32_head", "off", "off")
+    results, best = [], {}
+    for i, checkpointing in enumerate(order):
+        for layer in layers_ckpt:
+            layer.gradient_checkpointing = checkpointing != "off"
+        name = lever.get(checkpointing)
+        real = getattr(models, name) if name else None
+        if name:
+            setattr(models, name, lambda m, enabled, *rest: real(m, False, *rest))
+        try:
+            result = run_update()
+            results.append(result)
+        finally:
+            if name:
+                setattr(models, name, real)
+        print(f"  update {i + 1}/{len(order)} ({checkpointing}): {result['seconds']:.1f} s, "
+              f"grad norm {result['grad_norm']:.6f}", flush=True)
+        if i == 0:
+            report(out, "update_first_s", round(result["seconds"], 1))
+            continue
+        if result["seconds"] < best.get(checkpointing, {"seconds": float("inf")})["seconds"]:
+            best[checkpointing] = result
+        report(out, f"update_ckpt_{checkpointing}_peak_rss_gb_so_far",
+               round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2))
+    return results, best
+
+
+def head_check(model, tok, out: dict) -> None:
+    """In bf16, the head's lever (models.bf16_head) against the fp32 head it replaced, beside a bf16 head (bf16
+    logits): how far each moves the log-probs of 600 tokens of this repository's code."""
+    import torch
+    import models
+    import spade_mini
+    ids = torch.tensor([tok(Path(ROOT / "envs.py").read_text())["input_ids"][:600]])   # real code, (1, 600)
+    ones, head = torch.ones_like(ids), model.get_output_embeddings()
+
+    def logprobs(kind: str):
+        fp32 = head.weight.data
+        head.weight.data = fp32.to(torch.bfloat16) if kind == "bf16_logits" else fp32
+        try:
+            with torch.no_grad(), models.bf16_head(model, kind == "bf16_head"), models.autocast(True, model):
+                return spade_mini.token_logprobs(model, ids, ones, ones, temperature=1.0)[0, 1:]   # (599,)
+        finally:
+            head.weight.data = fp32
+    fp32_head = logprobs("fp32")
+    for kind in ("bf16_head", "bf16_logits"):
+        moved = (logprobs(kind) - fp32_head).abs()
+        report(out, f"head_{kind}_logprob_moved_mean", round(float(moved.mean()), 4))
+        report(out, f"head_{kind}_logprob_moved_max", round(float(moved.max()), 4))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -224,23 +302,13 @@ def main() -> None:
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     body = params - embed * (1 if tied else 2)   # the matmul weights of the layers (LM head apart)
 
-    # decode: the loop's generate, 1 token and then 1 + steps, the difference is decode alone
+    # decode: the loop's generate, each step timed by its own token counter (decode_timed)
     bf16 = models.bf16_autocast(cfg.generate_bf16, model)
     report(out, "decode_dtype", "bf16" if bf16 else "fp32")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(200, 20000, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.rows)]
     kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=0, bf16=bf16)
-    stamps = []
-
-    class Stamped(models._CountTokens):   # the loop's token counter, with the time of each put
-        def put(self, value):
-            stamps.append(time.perf_counter())
-            super().put(value)
-    models._CountTokens = Stamped
-    t = time.perf_counter()
-    models.generate(model, tok, prompts, max_new_tokens=1 + args.steps, **kw)
-    prefill_s = stamps[1] - t   # weight copies, the prompt's prefill and the first token
-    steps = [b - a for a, b in zip(stamps[1:], stamps[2:])]   # one decode step each (all rows, finished ones too)
+    prefill_s, steps = decode_timed(model, tok, prompts, args.steps, kw)
     decode_s = statistics.median(steps)
     report(out, "decode_steps_timed", len(steps))
     dtype_bytes = 2 if bf16 else 4
@@ -266,35 +334,7 @@ def main() -> None:
     layers_ckpt = models._checkpointed_layers(model)
     run_update = functools.partial(spade_mini.update, model, optimizer, samples, temperature=cfg.temperature,
                                    token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
-    best: dict = {}
-    results: list = []
-    # the first update of the process pays for its fresh pages (as a window's update after a phase gave memory
-    # back); then the loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head:
-    # bf16_head off), alternating twice, and off (the most memory) comes last: best of two
-    lever = {"full": "selective_checkpoint", "fp32_head": "bf16_head"}   # the one each mode turns off
-    order = ("selective", "selective", "full", "fp32_head", "selective", "full", "fp32_head", "off", "off")
-    for i, checkpointing in enumerate(order):
-        for layer in layers_ckpt:
-            layer.gradient_checkpointing = checkpointing != "off"
-        name = lever.get(checkpointing)
-        real = getattr(models, name) if name else None
-        if name:
-            setattr(models, name, lambda m, enabled, *rest: real(m, False, *rest))
-        try:
-            result = run_update()
-            results.append(result)
-        finally:
-            if name:
-                setattr(models, name, real)
-        print(f"  update {i + 1}/{len(order)} ({checkpointing}): {result['seconds']:.1f} s, "
-              f"grad norm {result['grad_norm']:.6f}", flush=True)
-        if i == 0:
-            report(out, "update_first_s", round(result["seconds"], 1))
-            continue
-        if result["seconds"] < best.get(checkpointing, {"seconds": float("inf")})["seconds"]:
-            best[checkpointing] = result
-        report(out, f"update_ckpt_{checkpointing}_peak_rss_gb_so_far",
-               round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2))
+    results, best = updates_by_mode(run_update, layers_ckpt, out)
     for checkpointing, result in best.items():
         name = f"update_ckpt_{checkpointing}"
         report(out, f"{name}_s", round(result["seconds"], 1))
@@ -307,24 +347,8 @@ def main() -> None:
     profiled = where_time_goes(run_update, layers, width, [len(s.token_ids) for s in samples])
     for name, value in profiled.items():
         report(out, f"update_{name}", round(value, 3))
-    if train_bf16:   # the head's lever against the fp32 head it replaced, beside a bf16 head (bf16 logits)
-        ids = torch.tensor([tok(Path(ROOT / "envs.py").read_text())["input_ids"][:600]])   # real code, (1, 600)
-        ones, head = torch.ones_like(ids), model.get_output_embeddings()
-
-        def logprobs(kind: str):
-            fp32 = head.weight.data
-            head.weight.data = fp32.to(torch.bfloat16) if kind == "bf16_logits" else fp32
-            try:
-                with torch.no_grad(), models.bf16_head(model, kind == "bf16_head"), models.autocast(True, model):
-                    return spade_mini.token_logprobs(model, ids, ones, ones, temperature=1.0)[0, 1:]   # (599,)
-            finally:
-                head.weight.data = fp32
-        fp32_head = logprobs("fp32")
-        for kind in ("bf16_head", "bf16_logits"):
-            moved = (logprobs(kind) - fp32_head).abs()
-            report(out, f"head_{kind}_logprob_moved_mean", round(float(moved.mean()), 4))
-            report(out, f"head_{kind}_logprob_moved_max", round(float(moved.max()), 4))
-
+    if train_bf16:
+        head_check(model, tok, out)
     dtype = "bf16" if train_bf16 else "fp32"
     peak, bandwidth, sustained = yardsticks_at_end(torch, out, dtype, peaks[dtype], bandwidths,
                                                    profiled["matmul_gflops"], args.sustained_seconds)
