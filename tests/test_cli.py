@@ -433,6 +433,10 @@ def play_at_a_terminal(keys: list[bytes]) -> tuple[str, int]:
                     time.sleep(0.05)
     for k, key in enumerate(keys):
         read_until(lambda: shown.count(b"action> ") > k or exited(), 120)
+        # a person's pause: CPython's readline module shows the prompt (rl_callback_handler_install), then waits
+        # in select() with no timeout, and a Ctrl-C (SIGINT) landing between the two is seen only at the next
+        # keystroke: typed the instant the prompt showed, one full suite run of four hung here for 120 s (exit -1)
+        time.sleep(0.3)
         os.write(main_fd, key)
     # until it exits (under a full suite's load it once outlasted a fixed 30 s window, and closing the terminal
     # then hung it up: exit -1, SIGHUP), then what is left to read
