@@ -355,16 +355,17 @@ def main() -> None:
     bound_s = step_bytes / (bandwidth * 1e9)
     report(out, "decode_bound_s_per_step", round(bound_s, 3))
     report(out, "decode_over_bandwidth_bound", round(bound_s / decode_s, 3))
-    report(out, "update_first_useful_over_peak", round(useful / results[0]["seconds"] / 1e9 / peak, 3))
+    def over(seconds: float, yardstick: float = peak) -> float:   # the update's useful FLOP/s over a yardstick
+        return round(gflops(useful, seconds) / yardstick, 3)
+    report(out, "update_first_useful_over_peak", over(results[0]["seconds"]))
     for checkpointing, result in best.items():
-        report(out, f"update_ckpt_{checkpointing}_useful_over_peak", round(useful / result["seconds"] / 1e9 / peak, 3))
-    report(out, "update_profiled_useful_over_peak", round(useful / profiled["profiled_s"] / 1e9 / peak, 3))
+        report(out, f"update_ckpt_{checkpointing}_useful_over_peak", over(result["seconds"]))
+    report(out, "update_profiled_useful_over_peak", over(profiled["profiled_s"]))
     # beside the verdict (over the peak), the loop's update over what the machine sustains (information only)
-    report(out, "update_ckpt_selective_useful_over_sustained",
-           round(useful / best["selective"]["seconds"] / 1e9 / sustained, 3))
+    report(out, "update_ckpt_selective_useful_over_sustained", over(best["selective"]["seconds"], sustained))
     report(out, "update_matmul_over_peak", round(profiled["matmul_gflops"] / peak, 3))
     # the ratio the update would reach if attention and the rest took no time: the ceiling its matmuls set
-    report(out, "update_useful_over_peak_matmuls_alone", round(gflops(useful, profiled["profiled_matmul_s"]) / peak, 3))
+    report(out, "update_useful_over_peak_matmuls_alone", over(profiled["profiled_matmul_s"]))
     report(out, "load_average_at_end", round(os.getloadavg()[0], 2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
