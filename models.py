@@ -855,16 +855,29 @@ def lora_merged(model, dtype=torch.float32):
     weights put back after (untouched, so nothing drifts). Only for unquantized fp32 weights: a 4-bit base cannot
     take the sum without a lossy requantization. The same function with fewer kernel calls: log-probs within
     1e-4 of the unmerged model (tests/test_engine.py). dtype: of the copies (bf16_weights asks for bf16: the
-    sum rounded once, and no fp32 copy made on the way).
+    sum rounded once, and no fp32 copy made on the way). In fp32 on a CPU with MKL the copies are kept only in
+    MKL's packed layout for the decode step (_DecodePacked), the LM head's too.
 
     subtle: the merged copies cost as much memory as the weights they replace in their dtype (0.5 GB for
-    SmolLM2-135M, 16 GB for a 4B model in fp32), so they are made only when they fit in half the memory free now."""
+    SmolLM2-135M, 16 GB for a 4B model in fp32), a quarter more packed, so they are made only when they fit in
+    half the memory free now."""
     layers = _lora_layers(model)
     mergeable = all(hasattr(m, "get_delta_weight") and isinstance(m.get_base_layer(), torch.nn.Linear)
                     and m.get_base_layer().weight.dtype == torch.float32 and not getattr(m, "merged", False)
                     for m in layers)   # subtle: disable_adapter switches every adapter off, merged or not
-    copy_bytes = sum(m.get_base_layer().weight.numel() * dtype.itemsize for m in layers)
-    if not layers or not mergeable or not hasattr(model, "disable_adapter") or copy_bytes > _free_memory_bytes() / 2:
+    if not layers or not mergeable or not hasattr(model, "disable_adapter"):
+        yield
+        return
+    lora_of = {id(m.get_base_layer()): m for m in layers}
+    packs = [m for name, m in model.named_modules() if type(m) is torch.nn.Linear and "lora_" not in name
+             and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"] \
+        if dtype == torch.float32 and PACK_DECODE and torch.backends.mkl.is_available() else []
+    packed_bytes = sum(m.weight.numel() * 4 for m in packs) * MKL_PACKED_GROWTH
+    if packs and packed_bytes <= _free_memory_bytes() / 2:
+        with _decode_packed([(m, lora_of.get(id(m))) for m in packs]), model.disable_adapter():
+            yield
+        return
+    if sum(m.get_base_layer().weight.numel() * dtype.itemsize for m in layers) > _free_memory_bytes() / 2:
         yield
         return
     saved = []
@@ -872,14 +885,62 @@ def lora_merged(model, dtype=torch.float32):
         with torch.no_grad():
             for m in layers:
                 base = m.get_base_layer()
-                delta = sum(m.get_delta_weight(name) for name in m.active_adapters if name in m.lora_A)
                 saved.append((base, base.weight))
-                base.weight = torch.nn.Parameter((base.weight + delta).to(dtype), requires_grad=False)
+                base.weight = torch.nn.Parameter(_merged_weight(m).to(dtype), requires_grad=False)
         with model.disable_adapter():
             yield
     finally:
         for base, weight in saved:
             base.weight = weight
+
+
+PACK_DECODE = True         # lora_merged packs fp32 decode weights (bench/designer_cost.py times it off and on)
+MKL_PACKED_GROWTH = 1.25   # MKL's packed sgemm layout over the plain weight's bytes (1.244 for 8960 x 1536)
+
+
+def _merged_weight(lora) -> torch.Tensor:
+    """W + s * B @ A of a peft LoRA layer, over its active adapters: a new tensor, the parameters untouched."""
+    base = lora.get_base_layer()
+    return base.weight + sum(lora.get_delta_weight(name) for name in lora.active_adapters if name in lora.lora_A)
+
+
+class _DecodePacked:
+    """A linear layer's forward inside lora_merged on a CPU: a decode step (one column, B rows) multiplies by the
+    merged weight packed once for B rows in MKL's layout (torch.ops.mkl._mkl_reorder_linear_weight, what torch's
+    inductor freezes fp32 CPU linears into), repacked when B changes (a new turn with fewer rows); a prefill (more
+    columns) multiplies by a merged copy made for the call. Where it counts: at the designer's 8 rows MKL's plain
+    sgemm streamed a Qwen2.5-1.5B layer's weights at 9.5 GB/s, packed at 16.5 (0.55 vs 0.32 s for all 28 layers,
+    2-core Xeon with avx512_bf16 and no AMX), and a decode step is made of those reads.
+
+    subtle: the packed weight is not bit-identical to the plain product (MKL sums in another order: 2e-6 of a
+    layer's output); the samples' log-probs stay within 1e-4 (tests/test_engine.py)."""
+
+    def __init__(self, linear: torch.nn.Linear, lora=None):
+        self.linear, self.lora, self.rows, self.packed = linear, lora, None, None
+
+    def weight(self) -> torch.Tensor:
+        return _merged_weight(self.lora) if self.lora is not None else self.linear.weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if x.dim() != 3 or x.shape[1] != 1:
+                return F.linear(x, self.weight(), self.linear.bias)
+            if x.shape[0] != self.rows:
+                self.packed = None   # the old layout freed before the new one is made
+                self.packed, self.rows = torch.ops.mkl._mkl_reorder_linear_weight(self.weight(), x.shape[0]), x.shape[0]
+            return torch.ops.mkl._mkl_linear(x, self.packed, self.linear.weight, self.linear.bias, self.rows)
+
+
+@contextlib.contextmanager
+def _decode_packed(layers: list):
+    """Each (linear, its LoRA layer or None) computes through _DecodePacked for the block; put back after."""
+    try:
+        for linear, lora in layers:
+            linear.forward = _DecodePacked(linear, lora)
+        yield
+    finally:
+        for linear, _ in layers:
+            linear.__dict__.pop("forward", None)
 
 
 _GENERATING: set[int] = set()   # id() of the models inside generation_weights

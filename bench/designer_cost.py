@@ -7,10 +7,11 @@
   one of a shared VM's slow spells would flatter them; and, for information beside the peak, the rate the MLP
   matmul sustains over 30 s (sustained_gflops, the median second);
 * the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the
-  weights, the LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged) on ROWS
-  designer-sized prompts, each step timed by the loop's own token counter (the median of STEPS); its bound is
-  the bytes a decode step must read (the weights in the dtype they decode in, plus the rows' KV cache) over the
-  copy bandwidth, and the ratio is bound / measured;
+  weights, the LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged and packed
+  for MKL's sgemm) on ROWS designer-sized prompts, each step timed by the loop's own token counter (the median of
+  STEPS); its bound is the bytes a decode step must read (the weights in the dtype they decode in, plus the rows'
+  KV cache) over the copy bandwidth, and the ratio is bound / measured; in fp32, first the same decode from plain
+  merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples the same tokens);
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
   it (in bf16: models.selective_checkpoint and models.bf16_head on), of each with that lever off (the full
@@ -176,10 +177,10 @@ def copy_gbps(torch, gib: float = 1.0, reps: int = 5) -> float:
     return 2 * src.numel() * 4 / best_seconds(lambda: dst.copy_(src), reps) / 1e9
 
 
-def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> tuple[float, list[float]]:
+def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> tuple[float, list[float], list]:
     """The loop's generate of 1 + `steps` tokens, timed by the loop's own token counter -> (seconds to the first
     token: the weight copies, the prompts' prefill and the first token; the seconds of each decode step after it,
-    all rows, finished ones too)."""
+    all rows, finished ones too; each row's tokens)."""
     import models
     stamps = []
 
@@ -190,10 +191,10 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> 
     counter, models._CountTokens = models._CountTokens, Stamped
     try:
         start = time.perf_counter()
-        models.generate(model, tok, prompts, max_new_tokens=1 + steps, **kw)
+        rows = models.generate(model, tok, prompts, max_new_tokens=1 + steps, **kw)
     finally:
         models._CountTokens = counter
-    return stamps[1] - start, [b - a for a, b in zip(stamps[1:], stamps[2:])]
+    return stamps[1] - start, [b - a for a, b in zip(stamps[1:], stamps[2:])], [r.completion_ids for r in rows]
 
 
 def updates_by_mode(run_update, layers_ckpt: list, out: dict) -> tuple[list[dict], dict]:
@@ -308,8 +309,16 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(200, 20000, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.rows)]
     kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=0, bf16=bf16)
-    prefill_s, steps = decode_timed(model, tok, prompts, args.steps, kw)
+    if not bf16:   # the packed decode's lever against plain merged copies, in one process
+        models.PACK_DECODE = False
+        _, plain_steps, plain_tokens = decode_timed(model, tok, prompts, args.steps, kw)
+        models.PACK_DECODE = True
+        report(out, "decode_plain_s_per_step", round(statistics.median(plain_steps), 3))
+    prefill_s, steps, tokens = decode_timed(model, tok, prompts, args.steps, kw)
     decode_s = statistics.median(steps)
+    if not bf16:
+        report(out, "decode_packed_speedup", round(statistics.median(plain_steps) / decode_s, 2))
+        report(out, "decode_packed_same_tokens", tokens == plain_tokens)
     report(out, "decode_steps_timed", len(steps))
     dtype_bytes = 2 if bf16 else 4
     head_bytes = embed * dtype_bytes   # the LM head reads its whole weight every step

@@ -7,6 +7,7 @@ import platform
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -207,11 +208,70 @@ def test_merged_lora_is_skipped_when_its_copies_would_not_fit_in_memory(tiny_mod
     model, _ = tiny_model
     bases = [m.get_base_layer() for m in model.modules() if hasattr(m, "get_delta_weight")]
     before = [b.weight for b in bases]
+
+    def changed() -> bool:   # merged copies in place of the weights, or the packed decode's forwards
+        return any(b.weight is not w or "forward" in b.__dict__ for b, w in zip(bases, before))
+    with models.lora_merged(model):
+        assert changed()
+    monkeypatch.setattr(models, "PACK_DECODE", False)
     with models.lora_merged(model):
         assert any(b.weight is not w for b, w in zip(bases, before))      # merged: copies in place of the weights
     monkeypatch.setattr(models, "_free_memory_bytes", lambda: 1000.0)
-    with models.lora_merged(model):
-        assert all(b.weight is w for b, w in zip(bases, before))          # no room: the adapter as it is
+    for pack in (True, False):
+        monkeypatch.setattr(models, "PACK_DECODE", pack)
+        with models.lora_merged(model):
+            assert not changed()                                          # no room: the adapter as it is
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL's packed sgemm is what is tested")
+def test_packed_decode_samples_the_tokens_of_merged_copies(tiny_model, monkeypatch):
+    """The lever of models._DecodePacked against what it replaces (plain merged fp32 copies): the same tokens and
+    log-probs within 1e-4 over two turns, the second with fewer rows (repacked); inside the call every LoRA
+    layer and the LM head compute a decode step from the merged weight (not the base one), and after it every
+    linear is as before."""
+    model, tok = tiny_model
+    prompts = [models.chat_ids(tok, "a prompt"), models.chat_ids(tok, "another, longer prompt, and more"),
+               models.chat_ids(tok, "a third")]
+    kw = dict(temperature=0.9, top_p=0.95, top_k=20, bf16=False)
+    calls = []
+    real_call = models._DecodePacked.__call__
+
+    def spied(self, x):   # each call's (rows, columns) and the rows its packed weight is for, after it
+        out = real_call(self, x)
+        calls.append((tuple(x.shape[:2]), self.rows))
+        return out
+    monkeypatch.setattr(models._DecodePacked, "__call__", spied)
+
+    def two_turns():
+        first, batch = models.generate_turn(model, tok, [0, 1, 2], prompts, None, [[], [], []], max_new_tokens=10,
+                                            seed=1, **kw)
+        deltas = [models.observation_ids(tok, "next", r.completion_ids) for r in first[:2]]
+        second, _ = models.generate_turn(model, tok, [0, 1], [p + r.completion_ids + d for p, r, d in
+                                                              zip(prompts, first, deltas)], batch, deltas,
+                                         max_new_tokens=6, seed=2, **kw)
+        return [(r.completion_ids, r.logprobs) for r in first + second]
+
+    lora = next(m for m in model.modules() if hasattr(m, "get_delta_weight"))
+    base = lora.get_base_layer()
+    x = torch.randn(3, 1, base.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), models.lora_merged(model):
+        decoded = base(x)
+        merged = F.linear(x, models._merged_weight(lora), base.bias)
+        plain = F.linear(x, base.weight, base.bias)
+    assert torch.allclose(decoded, merged, atol=1e-5) and not torch.allclose(decoded, plain, atol=1e-3)
+
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    weights = [m.weight for m in linears]
+    packed_run = two_turns()
+    assert {(b, rows) for (b, t), rows in calls if t == 1} == {(3, 3), (2, 2)}                              # the first turn's 3 rows, then repacked for 2
+    assert not any("forward" in m.__dict__ for m in linears)
+    assert all(m.weight is w for m, w in zip(linears, weights))
+    monkeypatch.setattr(models, "PACK_DECODE", False)
+    calls.clear()
+    plain_run = two_turns()
+    assert not calls
+    assert [ids for ids, _ in packed_run] == [ids for ids, _ in plain_run] and any(ids for ids, _ in plain_run)
+    assert all(abs(a - b) < 1e-4 for (_, la), (_, lb) in zip(packed_run, plain_run) for a, b in zip(la, lb))
 
 
 def test_merged_lora_is_skipped_when_one_lora_layer_cannot_be_merged(tiny_model):
