@@ -856,7 +856,7 @@ def lora_merged(model, dtype=torch.float32):
     take the sum without a lossy requantization. The same function with fewer kernel calls: log-probs within
     1e-4 of the unmerged model (tests/test_engine.py). dtype: of the copies (bf16_weights asks for bf16: the
     sum rounded once, and no fp32 copy made on the way). In fp32 on a CPU with MKL the copies are kept only in
-    MKL's packed layout for the decode step (_DecodePacked), the LM head's too.
+    a packed layout for the decode step (_DecodePacked), the LM head's too.
 
     subtle: the merged copies cost as much memory as the weights they replace in their dtype (0.5 GB for
     SmolLM2-135M, 16 GB for a 4B model in fp32), a quarter more packed, so they are made only when they fit in
@@ -871,7 +871,8 @@ def lora_merged(model, dtype=torch.float32):
     lora_of = {id(m.get_base_layer()): m for m in layers}
     packs = [m for name, m in model.named_modules() if type(m) is torch.nn.Linear and "lora_" not in name
              and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"] \
-        if dtype == torch.float32 and PACK_DECODE and torch.backends.mkl.is_available() else []
+        if dtype == torch.float32 and PACK_DECODE and torch.backends.mkl.is_available() and \
+        torch.backends.mkldnn.is_available() else []
     packed_bytes = sum(m.weight.numel() * 4 for m in packs) * MKL_PACKED_GROWTH
     if packs and packed_bytes <= _free_memory_bytes() / 2:
         with _decode_packed([(m, lora_of.get(id(m))) for m in packs]), model.disable_adapter():
@@ -895,7 +896,7 @@ def lora_merged(model, dtype=torch.float32):
 
 
 PACK_DECODE = True         # lora_merged packs fp32 decode weights (bench/designer_cost.py times it off and on)
-MKL_PACKED_GROWTH = 1.25   # MKL's packed sgemm layout over the plain weight's bytes (1.244 for 8960 x 1536)
+MKL_PACKED_GROWTH = 1.25   # the most bytes a packed decode weight takes over its plain ones (MKL's 8960 x 1536: 1.244)
 
 
 def _merged_weight(lora) -> torch.Tensor:
@@ -906,29 +907,42 @@ def _merged_weight(lora) -> torch.Tensor:
 
 class _DecodePacked:
     """A linear layer's forward inside lora_merged on a CPU: a decode step (one column, B rows) multiplies by the
-    merged weight packed once for B rows in MKL's layout (torch.ops.mkl._mkl_reorder_linear_weight, what torch's
-    inductor freezes fp32 CPU linears into), repacked when B changes (a new turn with fewer rows); a prefill (more
-    columns) multiplies by a merged copy made for the call. Where it counts: at the designer's 8 rows MKL's plain
-    sgemm streamed a Qwen2.5-1.5B layer's weights at 9.5 GB/s, packed at 16.5 (0.55 vs 0.32 s for all 28 layers,
-    2-core Xeon with avx512_bf16 and no AMX), and a decode step is made of those reads.
+    merged weight packed once for B rows, repacked when B changes (a new turn with fewer rows); a prefill (more
+    columns) multiplies by a merged copy made for the call. The layout is MKL's sgemm's
+    (torch.ops.mkl._mkl_reorder_linear_weight, what torch's inductor freezes fp32 CPU linears into) where it is
+    at most MKL_PACKED_GROWTH of the plain bytes, else oneDNN's blocked one (the same bytes): MKL pads small
+    weights (a 256 x 1536 one to 6.7x, 1536 x 1536 to 1.84x), at no gain in speed here.
 
-    subtle: the packed weight is not bit-identical to the plain product (MKL sums in another order: 2e-6 of a
+    Where it counts: at the designer's 8 rows MKL's plain sgemm streamed a Qwen2.5-1.5B's layers at 8-10 GB/s,
+    packed at 16.5 (0.55 vs 0.32 s for all 28 layers; the LM head 132 vs 64 ms; 2-core Xeon with avx512_bf16 and
+    no AMX), and a decode step is made of those reads (bench/designer_cost.py: 0.669 -> 0.493 s a step).
+
+    subtle: the packed products are not bit-identical to the plain ones (summed in another order: 2e-6 of a
     layer's output); the samples' log-probs stay within 1e-4 (tests/test_engine.py)."""
 
     def __init__(self, linear: torch.nn.Linear, lora=None):
-        self.linear, self.lora, self.rows, self.packed = linear, lora, None, None
+        self.linear, self.lora, self.rows, self.packed, self.mkl = linear, lora, None, None, False
 
     def weight(self) -> torch.Tensor:
         return _merged_weight(self.lora) if self.lora is not None else self.linear.weight
+
+    def pack(self, rows: int) -> None:
+        self.packed = None   # the old layout freed before the new one is made
+        weight = self.weight()
+        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        self.rows, self.mkl = rows, self.packed.numel() <= MKL_PACKED_GROWTH * weight.numel()
+        if not self.mkl:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             if x.dim() != 3 or x.shape[1] != 1:
                 return F.linear(x, self.weight(), self.linear.bias)
             if x.shape[0] != self.rows:
-                self.packed = None   # the old layout freed before the new one is made
-                self.packed, self.rows = torch.ops.mkl._mkl_reorder_linear_weight(self.weight(), x.shape[0]), x.shape[0]
-            return torch.ops.mkl._mkl_linear(x, self.packed, self.linear.weight, self.linear.bias, self.rows)
+                self.pack(x.shape[0])
+            if self.mkl:
+                return torch.ops.mkl._mkl_linear(x, self.packed, self.linear.weight, self.linear.bias, self.rows)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.linear.bias, "none", [None], "")
 
 
 @contextlib.contextmanager

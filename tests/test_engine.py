@@ -391,6 +391,26 @@ def test_packed_bf16_linears_sample_the_same_tokens_and_log_probs(tiny_model, mo
     assert packed_run == plain_run and any(ids for ids, _ in plain_run)
 
 
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL's packed sgemm is what is tested")
+def test_packed_decode_takes_mkl_s_layout_only_where_it_is_not_padded_much():
+    """A 1.5B-sized MLP weight packs in MKL's layout (1.244x its bytes), a small one in oneDNN's (MKL's would be
+    hundreds of times larger); both give F.linear's output at a decode step, repack when the rows change, and a
+    prefill (more columns) takes the plain product."""
+    g = torch.Generator().manual_seed(0)
+    for (out, inp), mkl in (((8960, 1536), True), ((64, 64), False)):
+        linear = torch.nn.Linear(inp, out)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(out, inp, generator=g) * 0.02)
+        layer = models._DecodePacked(linear)
+        for rows in (8, 3):
+            x = torch.randn(rows, 1, inp, generator=g)
+            assert torch.allclose(layer(x), F.linear(x, linear.weight, linear.bias), atol=1e-4)
+            assert (layer.rows, layer.mkl) == (rows, mkl)
+            assert layer.packed.numel() <= models.MKL_PACKED_GROWTH * linear.weight.numel()
+        prefill = torch.randn(2, 5, inp, generator=g)
+        assert torch.equal(layer(prefill), F.linear(prefill, linear.weight, linear.bias)) and layer.rows == 3
+
+
 def dense(weight: torch.Tensor) -> torch.Tensor:
     """A weight as a plain tensor, whether bf16_weights left it plain or packed it (oneDNN's layout)."""
     return weight.to_dense() if weight.is_mkldnn else weight
