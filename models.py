@@ -921,7 +921,8 @@ class _DecodePacked:
     layer's output); the samples' log-probs stay within 1e-4 (tests/test_engine.py)."""
 
     def __init__(self, linear: torch.nn.Linear, lora=None):
-        self.linear, self.lora, self.rows, self.packed, self.mkl = linear, lora, None, None, False
+        self.linear, self.lora, self.rows, self.packed = linear, lora, None, None
+        self.mkl: bool | None = None   # MKL's layout or oneDNN's: decided at the first pack (by the shape alone)
 
     def weight(self) -> torch.Tensor:
         return _merged_weight(self.lora) if self.lora is not None else self.linear.weight
@@ -929,10 +930,9 @@ class _DecodePacked:
     def pack(self, rows: int) -> None:
         self.packed = None   # the old layout freed before the new one is made
         weight = self.weight()
-        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
-        self.rows, self.mkl = rows, self.packed.numel() <= MKL_PACKED_GROWTH * weight.numel()
-        if not self.mkl:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows) if self.mkl is not False else None
+        self.rows, self.mkl = rows, mkl is not None and mkl.numel() <= MKL_PACKED_GROWTH * weight.numel()
+        self.packed = mkl if self.mkl else torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
