@@ -305,16 +305,18 @@ def _saved_by_checkpoint(ctx, op, *args, **kwargs):
 
 
 @contextlib.contextmanager
-def selective_checkpoint(model, enabled: bool, tokens: int):
-    """--train-bf16 on a CPU, for the block: the checkpointed layers keep their matmul outputs
+def selective_checkpoint(model, enabled: bool, tokens: int, value_bytes: int = 2):
+    """The update on a CPU, for the block: the checkpointed layers keep their matmul outputs
     (_saved_by_checkpoint) and the backward replays only their elementwise ops, so a layer's matmuls run once,
-    not twice. The same gradients bit for bit (tests/test_engine.py); the 1.5B's update 1.2x faster in
-    bench/designer_cost.py, 1.13x in a cpu-1.5b window, whose peak RSS it raised by 1.4–1.9 GiB (docs/benchmarks.md).
-    Made only when the kept outputs of a micro-batch of `tokens` (bf16: 2 bytes for each LoRA layer's output
-    feature and each layer's attention output) fit in half the memory free now; else the full checkpoint."""
+    not twice. The same gradients bit for bit (tests/test_engine.py); in bf16 the 1.5B's update 1.2x faster in
+    bench/designer_cost.py, 1.13x in a cpu-1.5b window, whose peak RSS it raised by 1.4–1.9 GiB; in fp32 see
+    docs/benchmarks.md. Made only when the kept outputs of a micro-batch of `tokens` (`value_bytes` for each LoRA
+    layer's output feature and each layer's attention output: 2 in bf16, 4 in fp32) fit in half the memory free
+    now; else the full checkpoint."""
     layers = _checkpointed_layers(model) if enabled and model.device.type == "cpu" else []
     width = sum(getattr(m.get_base_layer(), "out_features", 0) for m in _lora_layers(model))
-    if not layers or 2 * tokens * (width + len(layers) * model.config.hidden_size) > _free_memory_bytes() / 2:
+    kept = value_bytes * tokens * (width + len(layers) * model.config.hidden_size)
+    if not layers or kept > _free_memory_bytes() / 2:
         yield
         return
     saved = [(layer, layer._gradient_checkpointing_func) for layer in layers]
@@ -329,10 +331,10 @@ def selective_checkpoint(model, enabled: bool, tokens: int):
 
 
 @contextlib.contextmanager
-def bf16_update(model, enabled: bool, tokens: int):
-    """--train-bf16's levers for one update (spade_mini.update), each off unless on a CPU: bf16_base,
-    bf16_head, selective_checkpoint (micro-batches of up to `tokens`)."""
-    with bf16_base(model, enabled), bf16_head(model, enabled), selective_checkpoint(model, enabled, tokens):
+def update_levers(model, bf16: bool, tokens: int):
+    """The levers of one update (spade_mini.update), each off unless on a CPU: under --train-bf16 bf16_base and
+    bf16_head; in either dtype selective_checkpoint (micro-batches of up to `tokens`)."""
+    with bf16_base(model, bf16), bf16_head(model, bf16), selective_checkpoint(model, True, tokens, 2 if bf16 else 4):
         yield
 
 

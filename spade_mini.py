@@ -494,7 +494,7 @@ def update(model, optimizer, samples: list[Sample], *, temperature: float, clip_
     norms, role_norms = [], {"agent": [], "designer": []}
     loss_kw = dict(temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_beta=kl_beta, pad_id=pad_id,
                    chunk_size=chunk_size, bf16=bf16)
-    with models.bf16_update(model, bf16, tokens=max([token_budget] + [len(s.token_ids) for s in samples])):
+    with models.update_levers(model, bf16, tokens=max([token_budget] + [len(s.token_ids) for s in samples])):
         old = None if len(shares) == 1 and not dropout else dict(zip(wanted, sampled_logprobs(
             model, [(samples[i].token_ids, samples[i].loss_mask) for i in wanted], temperature=temperature,
             token_budget=token_budget, pad_id=pad_id, chunk_size=chunk_size, bf16=bf16)))

@@ -14,8 +14,9 @@
   merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples the same tokens);
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
-  it (in bf16: models.selective_checkpoint and models.bf16_head on), of each with that lever off (the full
-  checkpoint, the fp32 LM head; alternating), and with no checkpoint (last: the most memory); useful FLOPs are
+  it (models.selective_checkpoint on, in bf16 models.bf16_head too), of each with that lever off (the full
+  checkpoint; in bf16 the fp32 LM head; alternating), and with no checkpoint (last: the most memory), each
+  update's own peak RSS beside it (Linux's VmHWM, reset before each); useful FLOPs are
   the forward and the backward to the activations (useful_flops), not the checkpoint's recompute; the ratio is
   useful FLOP/s over the matmul peak of the dtype it computes in; then where the loop's update spends its time
   (where_time_goes): its seconds in matmuls, attention and the rest, the rate its matmuls ran at, and the ratio
@@ -197,14 +198,30 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> 
     return stamps[1] - start, [b - a for a, b in zip(stamps[1:], stamps[2:])], [r.completion_ids for r in rows]
 
 
-def updates_by_mode(run_update, layers_ckpt: list, out: dict) -> tuple[list[dict], dict]:
+def peak_rss_gb(reset: bool = False) -> float:
+    """This process's peak RSS so far in GiB (VmHWM); reset: start it again from the RSS now (Linux's
+    clear_refs 5), so the next reading is one part's own peak. Where that is refused, the peak since the start."""
+    if reset:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 2**20
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def updates_by_mode(run_update, layers_ckpt: list, out: dict, bf16: bool) -> tuple[list[dict], dict]:
     """The update in each mode -> (every result in order, the best of each mode after the first update). The
     first of the process pays for its fresh pages (as a window's update after a phase gave memory back); then the
-    loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head: bf16_head off),
-    alternating twice, and off (no checkpoint, the most memory) comes last: best of two."""
+    loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head: bf16_head off, in bf16
+    only), alternating twice, and off (no checkpoint, the most memory) comes last: best of two."""
     import models
     lever = {"full": "selective_checkpoint", "fp32_head": "bf16_head"}   # the one each mode turns off
-    order = ("selective", "selective", "full", "fp32_head", "selective", "full", "fp32_head", "off", "off")
+    order = [mode for mode in ("selective", "selective", "full", "fp32_head", "selective", "full", "fp32_head",
+                               "off", "off") if bf16 or mode != "fp32_head"]
     results, best = [], {}
     for i, checkpointing in enumerate(order):
         for layer in layers_ckpt:
@@ -214,20 +231,20 @@ def updates_by_mode(run_update, layers_ckpt: list, out: dict) -> tuple[list[dict
         if name:
             setattr(models, name, lambda m, enabled, *rest: real(m, False, *rest))
         try:
+            peak_rss_gb(reset=True)
             result = run_update()
+            result.update(peak_rss_gb=peak_rss_gb(), mode=checkpointing)
             results.append(result)
         finally:
             if name:
                 setattr(models, name, real)
         print(f"  update {i + 1}/{len(order)} ({checkpointing}): {result['seconds']:.1f} s, "
-              f"grad norm {result['grad_norm']:.6f}", flush=True)
+              f"grad norm {result['grad_norm']:.6f}, peak RSS {result['peak_rss_gb']:.2f} GiB", flush=True)
         if i == 0:
             report(out, "update_first_s", round(result["seconds"], 1))
             continue
         if result["seconds"] < best.get(checkpointing, {"seconds": float("inf")})["seconds"]:
             best[checkpointing] = result
-        report(out, f"update_ckpt_{checkpointing}_peak_rss_gb_so_far",
-               round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2))
     return results, best
 
 
@@ -343,10 +360,13 @@ def main() -> None:
     layers_ckpt = models._checkpointed_layers(model)
     run_update = functools.partial(spade_mini.update, model, optimizer, samples, temperature=cfg.temperature,
                                    token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
-    results, best = updates_by_mode(run_update, layers_ckpt, out)
+    report(out, "before_update_peak_rss_gb", round(peak_rss_gb(), 2))   # the decode's, the model's
+    results, best = updates_by_mode(run_update, layers_ckpt, out, train_bf16)
     for checkpointing, result in best.items():
         name = f"update_ckpt_{checkpointing}"
         report(out, f"{name}_s", round(result["seconds"], 1))
+        report(out, f"{name}_peak_rss_gb", round(max(r["peak_rss_gb"] for r in results[1:]
+                                                     if r["mode"] == checkpointing), 2))
         report(out, f"{name}_tok_per_s", round(result["tokens_per_s"], 1))
         report(out, f"{name}_grad_norm", round(result["grad_norm"], 6))
     report(out, "update_seconds_in_order", [round(r["seconds"], 1) for r in results])

@@ -580,6 +580,42 @@ def test_the_selective_checkpoint_keeps_the_layers_matmuls_and_changes_no_gradie
         assert runs[kind][1:3] == runs["full"][1:3] and torch.equal(runs[kind][3], runs["full"][3])
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_update_keeps_its_layers_matmul_outputs_in_either_dtype(bf16):
+    """models.update_levers turns the selective checkpoint on in the fp32 update too (4 bytes a kept value, so
+    the fit test asks twice the bf16 room): an update's backward runs each layer's addmm of the forward once (the
+    input gradient's addmm_ from _FusedLora is not one) where the full checkpoint replays each of them, and
+    the update's gradient is the same bit for bit; with no room for fp32's kept outputs it is the full checkpoint."""
+    model, _, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
+                                    gradient_checkpointing=True, cache_dir=CACHE, seed=0)
+    samples = [sm.Sample(list(range(10 + k, 74 + k)), [0] * 24 + [1] * 40, 1.0 if k % 2 else -1.0, "agent")
+               for k in range(2)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    tokens = 64
+    width = sum(m.get_base_layer().out_features for m in models._lora_layers(model))
+    fp32_kept = 4 * tokens * (width + len(models._checkpointed_layers(model)) * model.config.hidden_size)
+    runs = {}
+    for kind in ("levers", "full", "room for bf16 only"):
+        with contextlib.ExitStack() as stack:
+            patch = stack.enter_context(pytest.MonkeyPatch.context())
+            if kind == "full":
+                real = models.selective_checkpoint
+                patch.setattr(models, "selective_checkpoint", lambda m, enabled, *rest: real(m, False, *rest))
+            if kind == "room for bf16 only":   # half the free memory holds the bf16 outputs, not the fp32 ones
+                patch.setattr(models, "_free_memory_bytes", lambda: 1.5 * fp32_kept)
+            addmm = _CountOps()
+            patch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: None)   # the same weights each run
+            optimizer = torch.optim.AdamW(params, lr=1e-3)
+            with addmm:
+                result = sm.update(model, optimizer, samples, temperature=1.0, token_budget=tokens,
+                                   max_grad_norm=1e9, bf16=bf16)
+        runs[kind] = (addmm.calls.get(torch.ops.aten.addmm.default, 0), result["grad_norm"])
+    forward = 2 * len(models._lora_layers(model))   # two samples, one micro-batch each
+    assert runs["full"][0] == 2 * forward and runs["levers"][0] == forward, runs
+    assert runs["room for bf16 only"][0] == (forward if bf16 else 2 * forward), runs
+    assert runs["levers"][1] == runs["full"][1] == runs["room for bf16 only"][1] > 0, runs
+
+
 @pytest.mark.skipif(not models.native_bf16_cpu(), reason="the lever is off without native bf16")
 def test_the_bf16_head_keeps_fp32_logits_nearer_the_fp32_head_than_bf16_logits(tiny_model):
     """models.bf16_head (the update's LM head on bf16 inputs, fp32 accumulation and output) against the fp32 head
@@ -624,13 +660,13 @@ def test_the_bf16_head_keeps_fp32_logits_nearer_the_fp32_head_than_bf16_logits(t
 @pytest.mark.skipif(not models.native_bf16_cpu(), reason="the lever is off without native bf16")
 def test_a_sample_s_sampling_logprobs_are_taken_with_the_update_s_head(tiny_model):
     """A designer sample's TIS denominator (sampled_logprobs, taken right after sampling, outside the update) is
-    computed as the update's pi_old is, inside models.bf16_update: the same log-probs bit for bit, so the TIS
+    computed as the update's pi_old is, inside models.update_levers: the same log-probs bit for bit, so the TIS
     ratio carries no difference of LM-head precision."""
     model, _ = tiny_model
     rows = [(list(range(20, 60)), [0] * 10 + [1] * 30)]
     kw = dict(temperature=0.7, token_budget=4096, pad_id=0, bf16=True)
     outside = sm.sampled_logprobs(model, rows, **kw)
-    with models.bf16_update(model, True, tokens=40):
+    with models.update_levers(model, True, tokens=40):
         inside = sm.sampled_logprobs(model, rows, **kw)
     assert outside == inside
 
