@@ -15,8 +15,9 @@
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
   it (models.selective_checkpoint on, in bf16 models.bf16_head too), of each with that lever off (the full
-  checkpoint; in bf16 the fp32 LM head; alternating), and with no checkpoint (last: the most memory), each
-  update's own peak RSS beside it (Linux's VmHWM, reset before each); useful FLOPs are
+  checkpoint; in bf16 the fp32 LM head; alternating), and with no checkpoint (last: the most memory), beside
+  each the process's peak RSS during it (Linux's VmHWM, reset before each: under tcmalloc the pages the decode
+  freed stay with the process, so it starts from the decode's); useful FLOPs are
   the forward and the backward to the activations (useful_flops), not the checkpoint's recompute; the ratio is
   useful FLOP/s over the matmul peak of the dtype it computes in; then where the loop's update spends its time
   (where_time_goes): its seconds in matmuls, attention and the rest, the rate its matmuls ran at, and the ratio
@@ -200,7 +201,7 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> 
 
 def peak_rss_gb(reset: bool = False) -> float:
     """This process's peak RSS so far in GiB (VmHWM); reset: start it again from the RSS now (Linux's
-    clear_refs 5), so the next reading is one part's own peak. Where that is refused, the peak since the start."""
+    clear_refs 5), so the next reading is the peak during one part. Where that is refused, the peak since the start."""
     if reset:
         try:
             Path("/proc/self/clear_refs").write_text("5")
