@@ -284,29 +284,36 @@ def precheck(explicit: dict) -> None:
 
 
 # The demo (`spade-mini train`, no flags, converted model cached) as measured on two 2-core machines: the run is
-# bound by the CPU's matmuls (generation and the update), so it scales about with 1/cores and native bf16 halves
+# bound by the CPU's matmuls (generation and the update), so it scales about with 1/cores, and AMX's bf16 halves
 # the generation's share (README, "Expected results").
-DEMO_SECONDS = {True: 157, False: 309}   # native bf16 (Intel Xeon, AMX; 8009a26) / none (AMD EPYC; 4dc3dbe)
+DEMO_SECONDS = {True: 157, False: 309}   # AMX (Intel Xeon; 8009a26) / none (AMD EPYC; 4dc3dbe)
 
 
-def machine() -> tuple[int, bool]:
-    """(cores this process may use, whether the CPU has native bf16 matmuls: avx512_bf16 or amx_bf16)."""
+def machine() -> tuple[int, str]:
+    """(cores this process may use, the CPU's bf16 from its flags: "amx" (amx_bf16), "avx512" (avx512_bf16
+    alone: bf16 matmuls ran 0.53x fp32 on a Xeon and 2.6x on an EPYC with it, so `auto` measures them,
+    models.bf16_matmul_speedup) or "none")."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         flags = set()
-    return cores, bool(flags & {"avx512_bf16", "amx_bf16"})
+    return cores, "amx" if "amx_bf16" in flags else "avx512" if "avx512_bf16" in flags else "none"
+
+
+BF16_WORDS = {"amx": "bf16 in AMX", "avx512": "avx512_bf16 without AMX (bf16's speed measured at load)",
+              "none": "no native bf16"}
 
 
 def machine_line(explicit: dict) -> str:
     """What `train` prints first: the machine, and about how long the demo takes on it."""
     cores, bf16 = machine()
-    seconds = DEMO_SECONDS[bf16] * 2 / min(cores, 16)
+    amx = bf16 == "amx"
+    seconds = DEMO_SECONDS[amx] * 2 / min(cores, 16)
     demo = "this demo" if set(explicit) <= {"out"} else "the demo (spade-mini train without flags)"
-    return (f"machine: {cores} CPU core{'s' * (cores != 1)}, {'native' if bf16 else 'no native'} bf16; {demo} takes "
-            f"about {seconds / 60:.1f} min on its CPU (measured {DEMO_SECONDS[bf16] / 60:.1f} min on 2 cores "
-            f"{'with' if bf16 else 'without'} it), plus ~30 s the first time to convert the model")
+    return (f"machine: {cores} CPU core{'s' * (cores != 1)}, {BF16_WORDS[bf16]}; {demo} takes about "
+            f"{seconds / 60:.1f} min on its CPU (measured {DEMO_SECONDS[amx] / 60:.1f} min on 2 cores "
+            f"{'with' if amx else 'without'} AMX), plus ~30 s the first time to convert the model")
 
 
 @contextlib.contextmanager

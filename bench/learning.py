@@ -259,14 +259,14 @@ def train_config(train_flags: list[str], pool: str, run_dir: Path, seed: int):
 
 
 def machine_text() -> str:
-    """The CPU's model name, its cores and whether it has native bf16 (cli.machine)."""
+    """The CPU's model name, its cores and its bf16 (cli.machine)."""
     cores, bf16 = cli.machine()
     try:
         name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name"))
     except (OSError, StopIteration):
         name = "unknown CPU"
-    return f"{name}, {cores} cores, {'native' if bf16 else 'no native'} bf16"
+    return f"{name}, {cores} cores, {cli.BF16_WORDS[bf16].split(' (')[0]}"
 
 
 def figure(path: Path, records: list[dict], result: dict) -> None:
