@@ -286,7 +286,8 @@ def precheck(explicit: dict) -> None:
 # The demo (`spade-mini train`, no flags, converted model cached) as measured on two 2-core machines: the run is
 # bound by the CPU's matmuls (generation and the update), so it scales about with 1/cores, and AMX's bf16 halves
 # the generation's share (README, "Expected results").
-DEMO_SECONDS = {True: 157, False: 309}   # AMX (Intel Xeon; 8009a26) / none (AMD EPYC; 4dc3dbe)
+DEMO_SECONDS = {"amx": 157, "avx512": 230, "none": 309}   # Intel Xeon (8009a26) / Intel Xeon without AMX
+# (fp32, 884bea8) / AMD EPYC (4dc3dbe); an EPYC whose avx512_bf16 runs bf16 2.6x fp32 would be faster than its key
 
 
 def machine() -> tuple[int, str]:
@@ -301,19 +302,18 @@ def machine() -> tuple[int, str]:
     return cores, "amx" if "amx_bf16" in flags else "avx512" if "avx512_bf16" in flags else "none"
 
 
-BF16_WORDS = {"amx": "bf16 in AMX", "avx512": "avx512_bf16 without AMX (bf16's speed measured at load)",
-              "none": "no native bf16"}
+BF16_WORDS = {"amx": "bf16 in AMX", "avx512": "avx512_bf16 without AMX", "none": "no native bf16"}
 
 
 def machine_line(explicit: dict) -> str:
     """What `train` prints first: the machine, and about how long the demo takes on it."""
     cores, bf16 = machine()
-    amx = bf16 == "amx"
-    seconds = DEMO_SECONDS[amx] * 2 / min(cores, 16)
+    seconds = DEMO_SECONDS[bf16] * 2 / min(cores, 16)
     demo = "this demo" if set(explicit) <= {"out"} else "the demo (spade-mini train without flags)"
     return (f"machine: {cores} CPU core{'s' * (cores != 1)}, {BF16_WORDS[bf16]}; {demo} takes about "
-            f"{seconds / 60:.1f} min on its CPU (measured {DEMO_SECONDS[amx] / 60:.1f} min on 2 cores "
-            f"{'with' if amx else 'without'} AMX), plus ~30 s the first time to convert the model")
+            f"{seconds / 60:.1f} min on its CPU (measured {DEMO_SECONDS[bf16] / 60:.1f} min on 2 cores "
+            f"{'with ' + BF16_WORDS[bf16] if bf16 != 'none' else 'without native bf16'}), plus ~30 s the first "
+            f"time to convert the model")
 
 
 @contextlib.contextmanager

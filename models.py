@@ -309,10 +309,11 @@ def selective_checkpoint(model, enabled: bool, tokens: int, value_bytes: int = 2
     """The update on a CPU, for the block: the checkpointed layers keep their matmul outputs
     (_saved_by_checkpoint) and the backward replays only their elementwise ops, so a layer's matmuls run once,
     not twice. The same gradients bit for bit (tests/test_engine.py); in bf16 the 1.5B's update 1.2x faster in
-    bench/designer_cost.py, 1.13x in a cpu-1.5b window, whose peak RSS it raised by 1.4–1.9 GiB; in fp32 see
-    docs/benchmarks.md. Made only when the kept outputs of a micro-batch of `tokens` (`value_bytes` for each LoRA
-    layer's output feature and each layer's attention output: 2 in bf16, 4 in fp32) fit in half the memory free
-    now; else the full checkpoint."""
+    bench/designer_cost.py, 1.13x in a cpu-1.5b window, whose peak RSS it raised by 1.4–1.9 GiB; in fp32 1.44x
+    faster (96.5 against 138.9 s), its peak within the decode's (docs/benchmarks.md). Made only when the kept
+    outputs of a micro-batch of `tokens` (`value_bytes` for each LoRA layer's output feature and each layer's
+    attention output: 2 in bf16, 4 in fp32) fit in half the memory free now; else the full checkpoint. The loop
+    always enables it (update_levers); `enabled` False is the full checkpoint the bench and tests compare with."""
     layers = _checkpointed_layers(model) if enabled and model.device.type == "cpu" else []
     width = sum(getattr(m.get_base_layer(), "out_features", 0) for m in _lora_layers(model))
     kept = value_bytes * tokens * (width + len(layers) * model.config.hidden_size)

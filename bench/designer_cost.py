@@ -199,14 +199,16 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> 
     return stamps[1] - start, [b - a for a, b in zip(stamps[1:], stamps[2:])], [r.completion_ids for r in rows]
 
 
-def peak_rss_gb(reset: bool = False) -> float:
-    """This process's peak RSS so far in GiB (VmHWM); reset: start it again from the RSS now (Linux's
-    clear_refs 5), so the next reading is the peak during one part. Where that is refused, the peak since the start."""
+def peak_rss_gb(reset: bool = False) -> float | bool:
+    """This process's peak RSS so far in GiB (VmHWM). reset: start it again from the RSS now (Linux's clear_refs
+    5), so the next reading is the peak during one part, and say whether that was done (else the next reading is
+    the peak since the process started)."""
     if reset:
         try:
             Path("/proc/self/clear_refs").write_text("5")
+            return True
         except OSError:
-            pass
+            return False
     try:
         line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
         return int(line.split()[1]) / 2**20
@@ -232,7 +234,7 @@ def updates_by_mode(run_update, layers_ckpt: list, out: dict, bf16: bool) -> tup
         if name:
             setattr(models, name, lambda m, enabled, *rest: real(m, False, *rest))
         try:
-            peak_rss_gb(reset=True)
+            out["update_peak_rss_reset"] = peak_rss_gb(reset=True)   # else each reading is since the start
             result = run_update()
             result.update(peak_rss_gb=peak_rss_gb(), mode=checkpointing)
             results.append(result)
@@ -366,11 +368,13 @@ def main() -> None:
     for checkpointing, result in best.items():
         name = f"update_ckpt_{checkpointing}"
         report(out, f"{name}_s", round(result["seconds"], 1))
-        report(out, f"{name}_peak_rss_gb", round(max(r["peak_rss_gb"] for r in results[1:]
+        report(out, f"{name}_peak_rss_gb", round(max(r["peak_rss_gb"] for r in results[1:]   # of all its runs
                                                      if r["mode"] == checkpointing), 2))
         report(out, f"{name}_tok_per_s", round(result["tokens_per_s"], 1))
         report(out, f"{name}_grad_norm", round(result["grad_norm"], 6))
     report(out, "update_seconds_in_order", [round(r["seconds"], 1) for r in results])
+    report(out, "update_modes_in_order", [r["mode"] for r in results])
+    report(out, "update_peak_rss_reset", out["update_peak_rss_reset"])
     # where the loop's update spends its time: one more, profiled, and one more counted
     for layer in layers_ckpt:
         layer.gradient_checkpointing = True

@@ -266,7 +266,7 @@ def machine_text() -> str:
                     if line.startswith("model name"))
     except (OSError, StopIteration):
         name = "unknown CPU"
-    return f"{name}, {cores} cores, {cli.BF16_WORDS[bf16].split(' (')[0]}"
+    return f"{name}, {cores} cores, {cli.BF16_WORDS[bf16]}"
 
 
 def figure(path: Path, records: list[dict], result: dict) -> None:
