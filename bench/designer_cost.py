@@ -199,16 +199,18 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> 
     return stamps[1] - start, [b - a for a, b in zip(stamps[1:], stamps[2:])], [r.completion_ids for r in rows]
 
 
-def peak_rss_gb(reset: bool = False) -> float | bool:
-    """This process's peak RSS so far in GiB (VmHWM). reset: start it again from the RSS now (Linux's clear_refs
-    5), so the next reading is the peak during one part, and say whether that was done (else the next reading is
-    the peak since the process started)."""
-    if reset:
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-            return True
-        except OSError:
-            return False
+def reset_peak_rss() -> bool:
+    """Start this process's peak RSS again from the RSS now (Linux's clear_refs 5), so that peak_rss_gb reads the
+    peak during one part -> whether it was done (else peak_rss_gb reads the peak since the process started)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_gb() -> float:
+    """This process's peak RSS in GiB (VmHWM: since the start or the last reset_peak_rss)."""
     try:
         line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
         return int(line.split()[1]) / 2**20
@@ -234,7 +236,7 @@ def updates_by_mode(run_update, layers_ckpt: list, out: dict, bf16: bool) -> tup
         if name:
             setattr(models, name, lambda m, enabled, *rest: real(m, False, *rest))
         try:
-            out["update_peak_rss_reset"] = peak_rss_gb(reset=True)   # else each reading is since the start
+            out["update_peak_rss_reset"] = reset_peak_rss()   # else each reading is since the start
             result = run_update()
             result.update(peak_rss_gb=peak_rss_gb(), mode=checkpointing)
             results.append(result)
