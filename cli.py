@@ -287,7 +287,8 @@ def precheck(explicit: dict) -> None:
 # bound by the CPU's matmuls (generation and the update), so it scales about with 1/cores, and AMX's bf16 halves
 # the generation's share (README, "Expected results").
 DEMO_SECONDS = {"amx": 157, "avx512": 230, "none": 309}   # Intel Xeon (8009a26) / Intel Xeon without AMX
-# (fp32, 884bea8) / AMD EPYC (4dc3dbe); an EPYC whose avx512_bf16 runs bf16 2.6x fp32 would be faster than its key
+# (fp32, d8ab63e: a fresh run's 4 min 12 s less its conversion) / AMD EPYC (4dc3dbe); an EPYC whose avx512_bf16
+# runs bf16 2.6x fp32 would be faster than its key
 
 
 def machine() -> tuple[int, str]:
