@@ -98,22 +98,22 @@ def test_merged_lora_generates_the_adapter_s_function_and_puts_the_weights_back(
     assert all(p.requires_grad == before[n].requires_grad for n, p in model.named_parameters())
 
 
-def test_identical_prompts_prefilled_once_give_the_tokens_of_separate_prefills(tiny_model, monkeypatch):
+def test_identical_prompts_prefilled_once_give_the_tokens_of_separate_prefills(tiny_model):
     model, tok = tiny_model
     a, b = models.chat_ids(tok, "the same first observation"), models.chat_ids(tok, "another one, longer " * 3)
     prompts = [a, b, a, a, b]
-    shared = [c.completion_ids for c in models.generate(model, tok, prompts, max_new_tokens=10, **GREEDY)]
-    calls = []
-    real = models._prefill_shared
-
-    def spy(model_, ids, mask):
-        calls.append(ids.shape[0])
-        return real(model_, ids, mask)
-    monkeypatch.setattr(models, "_prefill_shared", spy)
+    rows = []   # the rows of each decoder call: the prefill's first, then generate's decode steps
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        shared = [c.completion_ids for c in models.generate(model, tok, prompts, max_new_tokens=10, **GREEDY)]
+    finally:
+        hook.remove()
+    assert rows[0] == 2 and set(rows[1:]) == {5}     # the 2 distinct prompts prefilled, 5 rows decoded
     single = [models.generate(model, tok, [p], max_new_tokens=10, **GREEDY)[0].completion_ids for p in prompts]
     assert shared == single
     ids, mask = models._left_pad(prompts, tok.pad_token_id, max(map(len, prompts)), model.device)
-    cache = real(model, ids, mask)
+    cache = models._prefill_shared(model, ids, mask)
     assert cache.get_seq_length() == ids.shape[1] - 1 and cache.layers[0].keys.shape[0] == 5
     assert torch.equal(cache.layers[0].keys[0], cache.layers[0].keys[3])
 
@@ -283,8 +283,10 @@ def test_merged_lora_is_skipped_when_one_lora_layer_cannot_be_merged(tiny_model)
     saved = bases[0].weight
     bases[0].weight = torch.nn.Parameter(saved.detach().to(torch.bfloat16), requires_grad=False)
     try:
-        with models.lora_merged(model):
+        with models.lora_merged(model):   # neither merged copies nor packed decode weights (which keep .weight)
             assert all(b.weight is w for b, w in zip(bases[1:], before[1:]))
+            packed = [n for n, m in model.named_modules() if isinstance(m.__dict__.get("forward"), models._DecodePacked)]
+            assert packed == []
     finally:
         bases[0].weight = saved
 
