@@ -100,12 +100,15 @@ def test_a_replayable_solution_still_meets_the_fair_game_guard():
 # the reward: what the guard catches earns 0 (train.score passes `caught` to regret.score_window)
 
 def test_a_caught_environment_earns_zero_under_every_variant():
+    """The same row earns a reward under every variant when honest (a prior slow mean of 0.9 gives
+    learning_potential one: 0.0975) and 0.0 when the play guard caught it."""
+    prior = {"Logical Deduction": 0.9}
     for variant in regret.DESIGNER_REWARDS:
         row = {"skill": "Logical Deduction", "hung_step": None, "hinted": [1.0] * 4, "unhinted": [[0.0, 1.0, 0.0, 0.0]]}
-        honest, caught = (regret.score_window(variant, [dict(row, caught=c), dict(row, hinted=[0.0] * 4)], {}, 1)
+        honest, caught = (regret.score_window(variant, [dict(row, caught=c), dict(row, hinted=[0.0] * 4)], prior, 1)
                           for c in (False, True))
         assert caught["envs"][0]["designer_reward"] == 0.0, variant
-        assert honest["envs"][0]["designer_reward"] != 0.0 or variant == "learning_potential", variant
+        assert honest["envs"][0]["designer_reward"] != 0.0, variant
 
 
 def test_environment_stats_runs_the_guard_on_designed_games_only():

@@ -6,12 +6,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import cli
 import evaluate
 import envs
+import models
 import runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,7 +295,7 @@ def test_the_step_line_names_the_rejections_and_a_step_that_trained_nothing(caps
     assert "valid - of 0 |" in second and "| no update (no samples: returns tied in every group) |" in second
 
 
-def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_windows():
+def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_windows(monkeypatch):
     """--preset cpu-1.5b: the 1.5B coder in both roles, checkpointing on, bf16 decode where native; each window
     asks 4 skills, 2 slots each (a skill's designer group needs two programs of different regret to get a
     gradient: regret.designer_advantages centres per skill), and two windows cover all six skills."""
@@ -304,11 +306,21 @@ def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_window
     # a lone valid program of a skill is centred against its rejected sibling (the opt-in penalty, on here)
     assert cfg.invalid_samples and cfg.invalid_reward == -0.5 and not runs.Config().invalid_samples
     assert cfg.lr == 1e-5   # 1e-4 cut the valid share after one window's update (the preset's comment)
+    # train.design with the model and the sandbox stubbed: the skill each slot's prompt asked for
+    monkeypatch.setattr(envs, "validate_many", lambda codes, *args: [envs.Verdict(False, "no_code", None)] * len(codes))
+    monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1])
+    monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
+        models.Completion(p, [3], "no code", True) for p in prompts])
+    monkeypatch.setattr(train.spade_mini, "sampled_logprobs", lambda model, rows, **kw: [None] * len(rows))
+    asked, prompt = [], envs.designer_prompt
+    monkeypatch.setattr(envs, "designer_prompt", lambda skill, *args: asked.append(skill) or prompt(skill, *args))
+    st = SimpleNamespace(cfg=cfg, corpus=["a doc"], memory=envs.Memory("/nonexistent/m.json"),
+                         tok=SimpleNamespace(pad_token_id=0), model=None)
     seen = []
     for window in range(2):
-        skills = train.active_skills(cfg, window)
-        slots = [skills[g % len(skills)] for g in range(cfg.envs_per_step)]   # train.design's slot -> skill
-        assert sorted(slots.count(s) for s in set(slots)) == [2, 2, 2, 2], slots
-        seen += skills
+        slots = [d.skill for d in train.design(st, window, train.active_skills(cfg, window))]
+        assert len(slots) == cfg.envs_per_step and sorted(slots.count(s) for s in set(slots)) == [2, 2, 2, 2], slots
+        assert asked[-len(slots):] == slots   # what each slot's prompt asked for is the skill it is scored under
+        seen += slots
     assert set(seen) == set(envs.skills_of("games"))
     assert cli.config_from_args({"preset": "cpu-1.5b", "envs_per_step": 2}).envs_per_step == 2   # flags override
