@@ -242,6 +242,50 @@ def test_fullwidth_or_hidden_digits_in_the_opening_are_a_leak():
     assert not evaluate.opening_leak("The code is 98.", r"\boxed{89}")
 
 
+MARKS_OPENING = r'''
+class VaultEnv:
+    """Valid and solvable; its opening hides the digits it lists behind 2 x 5,000 combining marks."""
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns, self.code, self.turn_count = max_turns, 3, 0
+
+    def reset(self, seed=None):
+        self.code, self.turn_count = (seed or 0) % 7 + 3, 0
+        return "Open the vault: 3 4 5 6 7 8 9. a" + "\u0301" * 5000 + "\u0316" * 5000, {}
+
+    def step(self, action):
+        self.turn_count += 1
+        won = action.strip() == "\\boxed{%d}" % self.code
+        return ("Open!" if won else "Locked."), float(won), won, self.turn_count >= self.max_turns, {}
+
+    def solution(self):
+        return "\\boxed{%d}" % self.code
+'''
+
+
+def test_a_run_of_combining_marks_in_an_opening_reaches_nfkc_cut_to_the_stream_safe_bound(monkeypatch):
+    """NFKC sorts a run of combining marks by insertion, quadratic in the run: a valid environment whose opening
+    held 2 x 40,000 of them kept the trainer's leak checks (evaluate.environment_stats, no deadline: the parent's
+    own work) at 11 s a call, two calls a game a window (~50 s at 2 x 83,000). What reaches NFKC has at most
+    evaluate.MAX_MARKS in a row."""
+    from types import SimpleNamespace
+    import unicodedata
+    longest = []
+
+    def spy(form, text):   # records the longest run of marks NFKC is given, and leaves the text as it is
+        run = best = 0
+        for c in text:
+            run = run + 1 if unicodedata.combining(c) else 0
+            best = max(best, run)
+        longest.append(best)
+        return text
+    monkeypatch.setattr(evaluate.unicodedata, "normalize", spy)
+    episodes = [SimpleNamespace(spec=SimpleNamespace(seed=s, hint=None)) for s in play_seeds(0, 2)]
+    played = SimpleNamespace(code=MARKS_OPENING, hint="", episodes=episodes, design=1, stats={})
+    evaluate.environment_stats([played], TURNS, LIMITS)
+    assert played.stats["has_solution"] and longest and max(longest) == evaluate.MAX_MARKS
+    assert not played.stats["opening_leak"]   # the digits it lists are the options, at every seed
+
+
 if __name__ == "__main__":   # the false-positive count of departure 32: honest games at 10 seed sets each
     caught = {}
     for path in HONEST + sorted((ROOT / "bench" / "results" / "learning_run" / "envs").glob("*/*.py"))[:4]:
