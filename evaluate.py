@@ -346,14 +346,15 @@ SHAPE_CUTS = 64             # a cut program (a memory example) is parsed at most
 
 def bounded_tree(code: str) -> ast.Module | str:
     """The program's syntax tree, or why the trainer will not walk it: `too_large` (more bytes than
-    envs.MAX_CODE_BYTES or nodes than MAX_TREE_NODES), `too_deep` (nested past MAX_TREE_DEPTH, so that the
+    envs.MAX_CODE_BYTES, nodes than MAX_TREE_NODES, or combining marks in a row than runs.MAX_MARKS, which the
+    parser would normalise in quadratic time: runs.stream_safe), `too_deep` (nested past MAX_TREE_DEPTH, so that the
     trainer's recursive walks, ast.unparse among them, stay far from its recursion limit), `syntax`. Never
     raises; the depth is measured without recursion.
 
     >>> bounded_tree("x = " + "-" * 150 + "1"), type(bounded_tree("x = 1")).__name__, bounded_tree("x = (")
     ('too_deep', 'Module', 'syntax')
     """
-    if len(code.encode("utf-8", "replace")) > envs.MAX_CODE_BYTES:
+    if len(code.encode("utf-8", "replace")) > envs.MAX_CODE_BYTES or runs.stream_safe(code) != code:
         return "too_large"
     try:
         tree = runs.parse_python(code)
@@ -371,28 +372,17 @@ def bounded_tree(code: str) -> ast.Module | str:
     return tree
 
 
-MAX_MARKS = 30   # Unicode's stream-safe bound (UAX #15): combining marks in a row past it are dropped
-
-
 def normalized(text: str) -> str:
     """Text as the checks compare it: Unicode NFKC (fullwidth `８９` is `89`), every decimal digit an ASCII one
     (Arabic-Indic `٨٩` too), format characters (zero-width spaces, bidi controls, tag characters) removed, and the
-    line and paragraph separators a space. Linear in the text: at most MAX_MARKS combining marks in a row are kept.
-
-    subtle: NFKC puts each run of combining marks in canonical order by an insertion sort, quadratic in the run:
-    an environment's opening of a letter and 2 x 40,000 marks of two classes took 11.2 s a call (2 x 20,000: 2.8 s),
-    in the trainer; now 5 ms.
+    line and paragraph separators a space. Linear in the text: at most runs.MAX_MARKS combining marks in a row are
+    kept (runs.stream_safe: an environment's opening of a letter and 2 x 40,000 marks held the trainer 11.2 s a
+    call; 5 ms now).
 
     >>> normalized("\\uff18\\uff19 \\u0668\\u0669 a\\u200bb\\u2028c"), len(normalized("e" + "\\u0301" * 40))
     ('89 89 ab c', 30)
     """
-    marks = 0
-    kept = []
-    for c in text:
-        marks = marks + 1 if unicodedata.combining(c) else 0
-        if marks <= MAX_MARKS:
-            kept.append(c)
-    text = unicodedata.normalize("NFKC", "".join(kept))
+    text = unicodedata.normalize("NFKC", runs.stream_safe(text))
     return "".join(" " if c in "\u2028\u2029\x85" else str(unicodedata.decimal(c, c)) for c in text
                    if unicodedata.category(c) != "Cf")
 
@@ -573,7 +563,8 @@ def reject_copies(codes: list, verdicts: list, shown: list[list[str]], turns: in
         unwalkable = bounded_tree(code) if verdict.valid else None
         if isinstance(unwalkable, str) and unwalkable != "syntax":
             return dataclasses.replace(verdict, valid=False, reason=unwalkable, detail=(
-                f"its syntax tree is past the copy check's bounds ({MAX_TREE_DEPTH} levels, {MAX_TREE_NODES} nodes)"))
+                f"its syntax tree is past the copy check's bounds ({MAX_TREE_DEPTH} levels, {MAX_TREE_NODES} nodes, "
+                f"{runs.MAX_MARKS} combining marks in a row)"))
         why = copy_of(code, references, turns, limits, setting) if verdict.valid else ""
         return dataclasses.replace(verdict, valid=False, reason="copy", detail=why) if why else verdict
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run as a scr
 import envs  # noqa: E402
 import evaluate  # noqa: E402
 import regret  # noqa: E402
+import runs  # noqa: E402
 from sandbox import Limits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,7 +267,7 @@ def test_a_run_of_combining_marks_in_an_opening_reaches_nfkc_cut_to_the_stream_s
     """NFKC sorts a run of combining marks by insertion, quadratic in the run: a valid environment whose opening
     held 2 x 40,000 of them kept the trainer's leak checks (evaluate.environment_stats, no deadline: the parent's
     own work) at 11 s a call, two calls a game a window (~50 s at 2 x 83,000). What reaches NFKC has at most
-    evaluate.MAX_MARKS in a row."""
+    runs.MAX_MARKS in a row."""
     from types import SimpleNamespace
     import unicodedata
     longest = []
@@ -282,8 +283,24 @@ def test_a_run_of_combining_marks_in_an_opening_reaches_nfkc_cut_to_the_stream_s
     episodes = [SimpleNamespace(spec=SimpleNamespace(seed=s, hint=None)) for s in play_seeds(0, 2)]
     played = SimpleNamespace(code=MARKS_OPENING, hint="", episodes=episodes, design=1, stats={})
     evaluate.environment_stats([played], TURNS, LIMITS)
-    assert played.stats["has_solution"] and longest and max(longest) == evaluate.MAX_MARKS
+    assert played.stats["has_solution"] and longest and max(longest) == runs.MAX_MARKS
     assert not played.stats["opening_leak"]   # the digits it lists are the options, at every seed
+
+
+def test_a_valid_program_whose_name_holds_a_run_of_marks_is_refused_before_the_trainer_parses_it():
+    """The parser NFKC-normalises a non-ASCII name, quadratic in a run of combining marks (2 x 40,000: 35 s in
+    ast.parse). The sandbox compiles within its deadline what the trainer would then parse several times outside
+    any: a program with a run past runs.MAX_MARKS is `too_large` for the copy check, and no parse of the trainer's
+    takes it (runs.parse_python raises ValueError)."""
+    name = "cups" + "\u0301" * (runs.MAX_MARKS + 1)
+    code = (ROOT / "examples" / "cups.py").read_text().replace("class CupsEnv", f"{name} = 1\n\n\nclass CupsEnv")
+    verdict = envs.validate(code, LIMITS, max_turns=TURNS)
+    assert verdict.valid, verdict          # the sandbox's compile takes it: it is Python
+    (checked,) = evaluate.reject_copies([code], [verdict], [[envs.example_program()]], TURNS, LIMITS)
+    assert (checked.valid, checked.reason) == (False, "too_large") and "combining marks" in checked.detail
+    with pytest.raises(ValueError):
+        runs.parse_python(code)
+    assert evaluate.bounded_tree(code.replace(name, name[:-1])) != "too_large"   # at the bound it parses
 
 
 if __name__ == "__main__":   # the false-positive count of departure 32: honest games at 10 seed sets each
