@@ -294,16 +294,20 @@ class EnvProcess:
 # takes one: a print, a file or a page written later would fail) becomes U+FFFD in a failure's detail and fails a
 # value as 'bad_reply' (as ever: no tokenizer takes one either); a control character other than newline and tab
 # (in a detail, which is one line, those too), a line or paragraph separator, a bidi control (marks, embeddings,
-# overrides, isolates) and an invisible character (zero-width ones, word joiner, BOM, tag characters) are shown as
-# their escape (\x1b, \r, \u202e), so no text moves a terminal's cursor, reorders what is shown or hides text.
-_HIDDEN = "\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\U000e0000-\U000e007f\ud800-\udfff"
+# overrides, isolates) and an invisible character (each format (Cf) and default-ignorable one: variation selectors and
+# Hangul fillers too; they hid `rm -rf ~` in a class name) are shown as their escape (\x1b, \r, \u202e), so no text
+# moves a terminal's cursor, reorders what is shown or hides text.
+_HIDDEN = ("\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+           "\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
+           "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff\ud800-\udfff")
 _UNSAFE, _UNSAFE_IN_LINE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_HIDDEN}]"), re.compile(f"[\x00-\x1f\x7f-\x9f{_HIDDEN}]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def inert(text: str, one_line: bool = False) -> str:
     """text as it may be printed or written: lone surrogates as U+FFFD, control characters other than newline and
-    tab (one_line: those too), U+2028/U+2029, bidi controls and invisible characters shown as their escape.
+    tab (one_line: those too), U+2028/U+2029, bidi controls, format and default-ignorable characters shown as their
+    escape.
 
     >>> inert("ok\\r\\x1b[2K valid\\ud800\\n"), inert("a\\nb\\tc", one_line=True), inert("plain text")
     ('ok\\\\r\\\\x1b[2K valid\\ufffd\\n', 'a\\\\nb\\\\tc', 'plain text')

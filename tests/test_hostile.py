@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import unicodedata
 
 import pytest
 
@@ -1009,13 +1010,45 @@ HOSTILE_TEXTS = pytest.mark.parametrize("code", [SURROGATE, FORGING, HIDING],
                                         ids=["lone surrogate", "terminal controls", "bidi and invisible"])
 
 
+# default-ignorable characters that are no format character (Unicode's DerivedCoreProperties): they show as nothing
+IGNORABLE = "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180f\u3164\ufe00\ufe0f\uffa0\U000e0100\U000e01ef"
+
+
 def printable(text: str, newlines: bool) -> bool:
     """Encodable as UTF-8, with no control character but newline (if allowed), no line separator, bidi control or
-    invisible character."""
+    invisible character (no format character, Cf, nor any of IGNORABLE)."""
     text.encode("utf-8")
     return not any((ord(c) < 32 and not (newlines and c == "\n")) or 0x7F <= ord(c) <= 0x9F
-                   or c in "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069" + HIDDEN
-                   for c in text)
+                   or c in "\u2028\u2029" + HIDDEN + IGNORABLE or unicodedata.category(c) == "Cf" for c in text)
+
+
+def test_every_format_and_default_ignorable_character_is_shown_as_its_escape():
+    """A red team hid `SECRET` between interlinear annotations (U+FFF9, U+FFFB) and a soft hyphen, and `rm -rf ~` in
+    variation selectors inside a class name that showed as `SafeEnv`: inert had listed a few invisible characters
+    by name. Each Cf character of this Python's Unicode and each default-ignorable one is escaped."""
+    hidden = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf" and not 0xD800 <= c <= 0xDFFF]
+    assert len(hidden) > 150   # Unicode 14: 161
+    kept = [c for c in hidden + list(IGNORABLE) if sandbox.inert(c) == c or not printable(sandbox.inert(c), False)]
+    assert kept == [], [f"U+{ord(c):04X}" for c in kept]
+    assert sandbox.inert("caf\u00e9 \u2764 na\u00efve") == "caf\u00e9 \u2764 na\u00efve"   # visible text stays
+
+
+@pytest.mark.parametrize("name,shown", [
+    ("'HiddenEnv'", "ValueError: ok\\xad\\ufff9SECRET\\ufffb done"),
+    ("'Safe' + ''.join(chr(0xE0100 + b) for b in b'rm -rf ~') + '\\u3164Env'",
+     "rejected (bad_reply): load reply \"['Safe")], ids=["detail", "class name"])
+def test_validate_shows_a_detail_or_a_class_name_that_hides_text_as_escapes(tmp_path, name, shown):
+    """A class name whose variation selectors hide a command and Hangul filler a gap (an identifier to Python):
+    escaped, it is no identifier, and the program is refused; a detail with hidden text shows it escaped."""
+    path = tmp_path / "hidden.py"
+    path.write_text("class HiddenEnv:\n    def __init__(self, max_turns=12):\n        self.max_turns = max_turns\n"
+                    "    def reset(self, seed=None):\n        raise ValueError('ok\\u00ad\\ufff9SECRET\\ufffb done')\n"
+                    f"HiddenEnv.__name__ = {name}\n")
+    done = run_cli("validate", str(path), "--timeout", "2")
+    out = done.stdout.decode("utf-8")
+    assert done.returncode == 1 and printable(out, newlines=True), ascii(out)
+    assert shown in out.splitlines()[0] and out.startswith(f"{path}: rejected ("), out
+    assert "Safe" not in shown or "U000e0172" in out, out   # `r` in a variation selector, escaped
 
 
 @HOSTILE_TEXTS
