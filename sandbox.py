@@ -181,9 +181,11 @@ class EnvProcess:
         deadline = now + min(self.limits.call_timeout, self._wall_left)
         self._pending, self._outcome = (nonce, deadline, now), None
         out = memoryview(b"%s %010d\n" % (nonce, len(body)) + body)
+        writable = select.poll()   # not select.select: it refuses a descriptor past 1023 (a trainer with many open)
+        writable.register(self._fds[0], select.POLLOUT)
         while out:   # note: a request bigger than the pipe buffer needs the child to be reading
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [self._fds[0]], [], left)[1]:
+            if left <= 0 or not writable.poll(max(1, int(1000 * left) + 1)):
                 self._fail("timeout", "the child did not read its request in time")
                 break
             try:
@@ -290,13 +292,11 @@ class EnvProcess:
         _LIVE.discard(self)
 
 
-# Text an environment sends is made inert once, as its reply is decoded: a lone surrogate (no UTF-8 encoder
-# takes one: a print, a file or a page written later would fail) becomes U+FFFD in a failure's detail and fails a
-# value as 'bad_reply' (as ever: no tokenizer takes one either); a control character other than newline and tab
-# (in a detail, which is one line, those too), a line or paragraph separator, a bidi control (marks, embeddings,
-# overrides, isolates) and an invisible character (each format (Cf) and default-ignorable one: variation selectors and
-# Hangul fillers too; they hid `rm -rf ~` in a class name) are shown as their escape (\x1b, \r, \u202e), so no text
-# moves a terminal's cursor, reorders what is shown or hides text.
+# Text an environment sends is made inert once, as its reply is decoded: a lone surrogate (no UTF-8 encoder takes
+# one) becomes U+FFFD in a failure's detail and fails a value as 'bad_reply' (no tokenizer takes one either); a
+# control character other than newline and tab (in a one-line detail, those too), U+2028/U+2029, a bidi control and
+# an invisible character (each format (Cf) and default-ignorable one: variation selectors and Hangul fillers hid
+# `rm -rf ~` in a class name) are shown as their escape (\x1b, \r, \u202e): no text moves a cursor or hides text.
 _HIDDEN = ("\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5\u180b-\u180f"
            "\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
            "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff\ud800-\udfff")

@@ -64,6 +64,25 @@ def test_reset_and_step_return_the_environments_values_unchanged():
         assert env.call("step", answer) == ["correct", 1.0, True, False, {"turn": 1}]
 
 
+def test_a_trainer_with_over_a_thousand_open_files_still_talks_to_its_children():
+    """select.select refuses a descriptor past 1023 (ValueError out of EnvProcess, a crash of the caller); a
+    trainer that holds many files (its checkpoints, datasets, sockets) under the usual limit of thousands got one."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with EnvProcess(GUESS, {"max_turns": 3}, FAST) as env:
+            assert min(env._fds) > 1023 and env.call("reset", 42)[0].startswith("Guess a number")
+            assert call_many([env], "step", [("\\boxed{50}",)])[0][1] == 0.0
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_class_name_is_reported():
     with EnvProcess(GUESS) as env:
         assert env.class_name == "GuessEnv" and env.alive
