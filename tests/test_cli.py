@@ -121,13 +121,15 @@ def test_train_help_shows_each_presets_value():
     assert "tiny: 300; cpu-1.5b: 150; 4b: 1500; 8b, 30b-a3b: 2000" in " ".join(out.split())   # --doc-words
 
 
-def test_play_actions_wraps_bare_actions_shows_observations_and_wins(tmp_path, capsys):
-    actions = tmp_path / "moves.txt"
-    actions.write_text("\n".join(["right", "down"] * 3) + "\n")
-    assert cli.main(["play", str(EXAMPLES / "walk.py"), "--actions", str(actions)]) in (0,)
+def test_play_actions_wraps_bare_actions_shows_observations_and_wins(capsys):
+    """examples/walk_seed3_moves.txt: bare moves (no \\boxed{}) that reach G at seed 3."""
+    moves = EXAMPLES / "walk_seed3_moves.txt"
+    assert "boxed" not in moves.read_text()
+    assert cli.main(["play", str(EXAMPLES / "walk.py"), "--seed", "3", "--actions", str(moves)]) == 0
     out = capsys.readouterr().out
     assert "[turn 1] \\boxed{right}" in out and "Reach G from A." in out
-    assert json.loads(out.strip().splitlines()[-1])["failure"] is None
+    outcome = json.loads(out.strip().splitlines()[-1])
+    assert outcome["failure"] is None and outcome["return"] == 1.0 and outcome["terminated"] is True, outcome
 
 
 def test_play_actions_reports_an_environment_failure_with_exit_1(tmp_path, capsys):
@@ -541,10 +543,18 @@ def test_train_says_the_machine_and_the_demos_time_on_it_before_loading(tmp_path
     assert len(set(cli.DEMO_SECONDS.values())) == 3   # three measurements, not one twice
 
 
-def test_the_machine_reads_its_bf16_from_the_cpu_flags():
-    cores, bf16 = cli.machine()
-    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
-    assert cores >= 1 and bf16 == ("amx" if "amx_bf16" in flags else "avx512" if "avx512_bf16" in flags else "none")
+@pytest.mark.parametrize("flags,bf16", [("fpu avx512f avx512_bf16 amx_bf16 amx_tile", "amx"),
+                                        ("fpu avx512f avx512_bf16", "avx512"), ("fpu avx2", "none"), (None, "none")])
+def test_the_machine_reads_its_bf16_from_the_cpu_flags(monkeypatch, flags, bf16):
+    """An AMX Xeon has avx512_bf16 too: AMX decides first. No /proc/cpuinfo (None): no native bf16."""
+    def cpuinfo(path):
+        assert str(path) == "/proc/cpuinfo"
+        if flags is None:
+            raise FileNotFoundError(path)
+        return types.SimpleNamespace(read_text=lambda: f"flags\t\t: {flags}\n")
+    monkeypatch.setattr(cli, "Path", cpuinfo)
+    cores, found = cli.machine()
+    assert cores >= 1 and found == bf16
 
 
 def test_resuming_a_run_stopped_before_its_first_checkpoint_says_it_starts_over(tmp_path, monkeypatch, capsys):

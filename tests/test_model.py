@@ -282,14 +282,21 @@ def test_generate_cuts_completion_after_stop_token(tiny_model):
     assert cut.completion_ids == free[:first] and cut.finished
 
 
-def test_static_cache_buckets_match_eager_greedy(tiny_model):
+def test_static_cache_buckets_match_eager_greedy(tiny_model, monkeypatch):
     """The static-cache path (batch 3 -> bucket 4, width -> 256) gives the eager tokens. On CPU HF does not
     compile, so this checks the bucketing/padding logic, not speed."""
     model, tok = tiny_model
     prompts = [models.chat_ids(tok, "one"), models.chat_ids(tok, "two two two"), models.chat_ids(tok, "three " * 9)]
     kw = dict(max_new_tokens=6, temperature=0.0, top_p=1.0, top_k=0, seed=0)
     eager = models.generate(model, tok, prompts, **kw)
+    shapes, real = [], models._hf_generate
+
+    def spy(model_, tok_, ids, mask, **gen):
+        shapes.append(tuple(ids.shape))
+        return real(model_, tok_, ids, mask, **gen)
+    monkeypatch.setattr(models, "_hf_generate", spy)
     static = models.generate(model, tok, prompts, static_cache=True, **kw)
+    assert shapes == [(4, 256)]   # the batch and the width rounded up to their buckets
     assert [c.completion_ids for c in static] == [c.completion_ids for c in eager]
 
 

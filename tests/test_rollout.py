@@ -95,13 +95,21 @@ def test_batched_rollouts_equal_one_at_a_time_rollouts(tiny_model):
     assert all(e.terminated and e.episode_return == 1.0 and e.failure is None for e in batched)
 
 
-def test_kv_cache_reuse_across_turns_equals_full_recompute(tiny_model):
+def test_kv_cache_reuse_across_turns_equals_full_recompute(tiny_model, monkeypatch):
     """The engine prefills only each turn's new tokens (middle padding, rows dropped from the cache); the
     episodes must be those of re-reading every sequence from scratch each turn."""
     model, tok = tiny_model
     specs = counter_specs(6)
     kw = dict(max_turns=4, max_new_tokens=64, max_episode_tokens=256, limits=sandbox.Limits(), **GREEDY)
+    turns, real = [], models.generate_turn   # (a cache carried over, the new tokens of each row) per turn
+
+    def spy(model_, tok_, rows, sequences, prev, deltas, **gen):
+        turns.append((prev is not None, [len(d) for d in deltas]))
+        return real(model_, tok_, rows, sequences, prev, deltas, **gen)
+    monkeypatch.setattr(models, "generate_turn", spy)
     reused = sm.play(model, tok, specs, reuse_cache=True, **kw)
+    monkeypatch.undo()
+    assert len(turns) >= 2 and turns[0][0] is False and all(kept and min(new) > 0 for kept, new in turns[1:]), turns
     fresh = sm.play(model, tok, specs, reuse_cache=False, **kw)
     assert [as_tuple(e) for e in reused] == [as_tuple(e) for e in fresh]
 
