@@ -46,8 +46,10 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
     assert not out.exists(), line
     said = {"text corpus": "--corpus: no usable documents in", "empty corpus": "--corpus: no usable documents in",
             "directory corpus": "is a directory; give a .jsonl file", "text file model": "is a file but not a .gguf",
-            "missing gguf": "no.gguf does not exist", "hub model not cached": "hf download nobody/no-such-model-anywhere",
-            "file as env pool": "notes.txt is not a directory", "unknown preset": "unknown preset 'huge'; choose one of tiny",
+            "missing gguf": "no.gguf does not exist",
+            "hub model not cached": "hf download nobody/no-such-model-anywhere",
+            "file as env pool": "notes.txt is not a directory",
+            "unknown preset": "unknown preset 'huge'; choose one of tiny",
             "reply prefix in tool use": "--agent-reply-prefix is for the games setting",
             "reply prefix when thinking": "--agent-reply-prefix is for the games setting",
             "bf16 static cache": "--generate-bf16 is for the CPU's growing cache"}[case]   # the error of its own case
