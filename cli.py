@@ -207,17 +207,23 @@ def check_config(train, cfg) -> None:
     for name in ("train_bf16", "generate_bf16"):
         if getattr(cfg, name) not in ("auto", "on", "off"):
             raise InputError(f"--{name.replace('_', '-')} must be auto, on or off")
-    for name in ("temperature", "lr", "call_timeout", "dist_timeout"):
-        if not getattr(cfg, name) > 0:
+    for field in dataclasses.fields(cfg):   # inf or nan in any number: a run that trains on nonsense
+        value = getattr(cfg, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"--{field.name.replace('_', '-')} must be a finite number (got {value})")
+    for name in ("temperature", "lr", "call_timeout", "dist_timeout", "max_grad_norm"):
+        if not getattr(cfg, name) > 0:   # max_grad_norm: 0 zeroes every update, a negative one reverses it
             raise InputError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
+    if cfg.call_timeout > MAX_TIMEOUT:
+        raise InputError(f"--call-timeout must be at most {MAX_TIMEOUT} s, a day (got {cfg.call_timeout:g})")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise InputError(f"--lora-dropout must be in [0, 1) (got {cfg.lora_dropout})")
     if not 0 < cfg.top_p <= 1:
         raise InputError(f"--top-p must be in (0, 1] (got {cfg.top_p})")
     if cfg.hint_temperature < 0:
         raise InputError(f"--hint-temperature must be >= 0 (0 = greedy; got {cfg.hint_temperature})")
     if not cfg.logprob_temperature >= 0:
         raise InputError(f"--logprob-temperature must be >= 0 (0 = --temperature; got {cfg.logprob_temperature})")
-    if not math.isfinite(cfg.invalid_reward):
-        raise InputError(f"--invalid-reward must be a finite number (got {cfg.invalid_reward})")
     if cfg.plays < 2:
         raise InputError("--plays must be >= 2: the agent advantage is a z-score within an environment's plays")
     for path, flag in ((cfg.corpus, "--corpus"), (cfg.env_pool, "--env-pool"), (cfg.eval_pool, "--eval-pool"),
@@ -354,6 +360,10 @@ def cmd_train(explicit: dict) -> int:
     if explicit.get("resume"):   # a finished run, or one whose checkpoints are gone: say so now
         cfg = runs.resumed_config(config_from_args(explicit), keep_steps="steps" not in explicit)
         run, done = runs.Run(cfg.out), runs.resume_start(runs.Run(cfg.out), cfg.checkpoint_every)
+        ignored = [f"--{name.replace('_', '-')}" for name in sorted(explicit) if name not in ("resume", "steps")]
+        if ignored:   # a changed --lr or --plays would otherwise be dropped without a word
+            print(f"spade-mini: --resume continues {run.root} with its config.json: {', '.join(ignored)} ignored "
+                  f"(only --steps is taken)")
         if done >= cfg.steps:
             print(f"spade-mini: {run.root} already has {done} steps (--steps {cfg.steps}): nothing to do; continue "
                   f"it with --resume {run.root} --steps {done + 1} or more")
@@ -612,12 +622,12 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
     def fail(where: str, what: str):
         raise InputError(f"score input: {where} must be {what} (docs/score.md)")
 
-    def finite(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    def finite(x) -> bool:   # at most 1e100 in size: a z-score squares returns (1e308 overflowed)
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= 1e100
 
     def numbers(value, where: str) -> list:
         if not (isinstance(value, list) and all(finite(x) for x in value)):
-            fail(where, "a list of finite numbers")
+            fail(where, "a list of finite numbers (at most 1e100 in size)")
         return value
 
     if not isinstance(data, dict) or not {"variant", "envs"} & set(data):
@@ -702,6 +712,8 @@ def cmd_conform(args: dict) -> int:
     import evaluate
     from sandbox import inert
     if args["runs"]:
+        if not args["tolerance"] >= 0:
+            raise InputError(f"--tolerance must be >= 0 (got {args['tolerance']})")
         sides = [[Path(p) for p in side.split(",") if p] for side in args["runs"]]
         rows = evaluate.compare_runs(*sides, tolerance=args["tolerance"])
         apart = [r for r in rows if not r["agree"]]
@@ -752,10 +764,10 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the item set and of the pool's episodes")
     p.add_argument("--max-new-tokens", type=int, default=0,
                    help="tokens per answer / per agent turn (0: twice the preset's agent_max_new_tokens, min 128)")
-    p.add_argument("--batch-size", type=int, default=16, help="questions per generate call")
+    p.add_argument("--batch-size", type=positive(int), default=16, help="questions per generate call")
     p.add_argument("--env-pool", default="", help="folder of held-out *.py environments to score by win rate")
-    p.add_argument("--pool-plays", type=int, default=4, help="plays per pool environment (different seeds)")
-    p.add_argument("--max-turns", type=int, default=12, help="turn cap for pool episodes")
+    p.add_argument("--pool-plays", type=positive(int), default=4, help="plays per pool environment (different seeds)")
+    p.add_argument("--max-turns", type=positive(int), default=12, help="turn cap for pool episodes")
     p.add_argument("--quantize", default="auto", choices=("auto", "none", "nf4"), help="as in train")
     p.add_argument("--cache-dir", default="~/.cache/spade-mini", help="converted model weights")
     p.add_argument("--save", default="", help="also write the full result (every item's answer) to this file")
@@ -818,6 +830,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(f"--env-pool: {args.env_pool} is not a directory")
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1 (got {args.limit})")
+    if args.max_new_tokens < 0:
+        raise InputError(f"--max-new-tokens must be >= 0 (0: the preset's; got {args.max_new_tokens})")
+    if args.save and (Path(args.save).is_dir() or not Path(args.save).absolute().parent.is_dir()):
+        raise InputError(f"--save: {args.save} cannot be written: give a file in a folder that exists")   # before the work
     name, adapter, kwargs = eval_source(args)
     t0 = time.time()   # progress goes to stderr: with --json, stdout's last line must stay the result
     try:
@@ -899,12 +915,16 @@ def cmd_export(args: dict) -> int:
 # -----------------------------------------------------------------------------------------------------------
 # the parser, and main
 
-def positive(kind):
-    """An argparse type: a number of `kind` that must be > 0."""
+MAX_TIMEOUT = 86_400   # seconds: an environment call's longest wait (poll takes at most ~24 days in ms)
+
+
+def positive(kind, most: float = math.inf):
+    """An argparse type: a number of `kind` that must be > 0 and at most `most`."""
     def parse(text: str):
         value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not 0 < value <= most:
+            raise argparse.ArgumentTypeError(f"must be > 0{f' and at most {most:g}' if most < math.inf else ''}, "
+                                             f"got {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
@@ -942,7 +962,8 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["plan"].add_argument("--json", action="store_true", help="last stdout line is the plan as JSON")
     for name in ("validate", "play"):
         p[name].add_argument("file", help="a Python file defining a *Env class")
-        p[name].add_argument("--timeout", type=positive(float), default=5.0, help="seconds per environment call")
+        p[name].add_argument("--timeout", type=positive(float, MAX_TIMEOUT), default=5.0,
+                             help="seconds per environment call")
     for name in ("validate", "play", "eval"):
         p[name].add_argument("--setting", default="games", choices=envs.SETTINGS,
                              help="games (\\boxed{} actions) or tool_use (tool environments: <tool_call>, <answer>)")
@@ -977,7 +998,8 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["export"].add_argument("--out", required=True, help="directory the packages are written into (one per "
                              "environment; an existing package is never overwritten)")
     p["export"].add_argument("--max-turns", type=positive(int), default=12, help="turn cap, as play's")
-    p["export"].add_argument("--timeout", type=positive(float), default=5.0, help="seconds per environment call")
+    p["export"].add_argument("--timeout", type=positive(float, MAX_TIMEOUT), default=5.0,
+                             help="seconds per environment call")
     p["export"].add_argument("--seed", type=int, default=0, help="harbor: the task's reset seed (one task, one "
                              "episode); the other formats take the seed at reset")
     parser.commands = p

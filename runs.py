@@ -443,8 +443,23 @@ def new_out() -> str:
 
 
 def check_new_out(out: str) -> None:
-    if out and Run(out).metrics.exists():
+    """--out of a new run: no run there already, no other files it would overwrite (config.json, memory.json),
+    and a place where the directory can be made."""
+    if not out:
+        return
+    path = Path(out)
+    if Run(out).metrics.exists():
         raise InputError(f"--out: {out} already holds a run; use --resume {out} or another --out")
+    if path.exists() and not path.is_dir():
+        raise InputError(f"--out: {out} is a file; give a new or empty directory")
+    if path.is_dir() and any(path.iterdir()):
+        raise InputError(f"--out: {out} holds files but no run, which a run would overwrite; give a new or empty "
+                         f"directory")
+    parent = path.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out: {out} cannot be made ({parent} is not a writable directory)")
 
 
 def open_run(cfg):
@@ -460,7 +475,10 @@ def open_run(cfg):
     else:
         run = Run(cfg.out or new_out())
         check_new_out(str(run.root))
-        run.root.mkdir(parents=True, exist_ok=True)
+        try:
+            run.root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:   # /proc/x: its parent looks writable to root
+            raise InputError(f"--out: {run.root} cannot be made ({err.strerror})") from None
         cfg, start = dataclasses.replace(cfg, out=str(run.root)), 0
     write_atomic(run.config, json.dumps({**dataclasses.asdict(cfg), "steps_ran": start}, indent=2) + "\n")
     return cfg, run, start

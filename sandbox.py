@@ -185,7 +185,7 @@ class EnvProcess:
         writable.register(self._fds[0], select.POLLOUT)
         while out:   # note: a request bigger than the pipe buffer needs the child to be reading
             left = deadline - time.monotonic()
-            if left <= 0 or not writable.poll(max(1, int(1000 * left) + 1)):
+            if left <= 0 or not writable.poll(max(1, int(1000 * min(left, 86_400)) + 1)):   # poll: ms, < 2**31
                 self._fail("timeout", "the child did not read its request in time")
                 break
             try:
@@ -391,7 +391,7 @@ def _collect(procs: list) -> None:
                 del waiting[fd]
         if not waiting:
             break
-        wait_ms = 1000 * (min(p._pending[1] for p in waiting.values()) - now)
+        wait_ms = 1000 * min(min(p._pending[1] for p in waiting.values()) - now, 86_400)
         for fd, _ in poller.poll(max(1, int(wait_ms) + 1)):
             if waiting[fd]._on_readable():
                 waiting[fd]._wall_left -= time.monotonic() - waiting[fd]._pending[2]

@@ -27,7 +27,9 @@ def one_error_line(capsys) -> str:
 
 @pytest.mark.parametrize("case", ["text corpus", "empty corpus", "directory corpus", "text file model",
                                   "missing gguf", "hub model not cached", "file as env pool", "unknown preset",
-                                  "reply prefix in tool use", "reply prefix when thinking", "bf16 static cache"])
+                                  "reply prefix in tool use", "reply prefix when thinking", "bf16 static cache",
+                                  "infinite lr", "nan clip", "negative clip", "zero clip", "dropout 2", "nan kl",
+                                  "infinite call timeout", "call timeout past a day"])
 def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("some notes\nnot json\n")
@@ -39,7 +41,11 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "file as env pool": ["--env-pool", str(notes)], "unknown preset": ["--preset", "huge"],
              "reply prefix in tool use": ["--setting", "tool_use", "--agent-reply-prefix", "<answer>"],
              "reply prefix when thinking": ["--thinking", "--agent-reply-prefix", "\\boxed{"],
-             "bf16 static cache": ["--generate-bf16", "on", "--static-cache"]}[case]
+             "bf16 static cache": ["--generate-bf16", "on", "--static-cache"], "infinite lr": ["--lr", "inf"],
+             "nan clip": ["--max-grad-norm", "nan"], "negative clip": ["--max-grad-norm", "-1"],
+             "zero clip": ["--max-grad-norm", "0"], "dropout 2": ["--lora-dropout", "2"],
+             "nan kl": ["--kl-beta", "nan"], "infinite call timeout": ["--call-timeout", "inf"],
+             "call timeout past a day": ["--call-timeout", "3e6"]}[case]
     out = tmp_path / "run"
     assert cli.main(["train", *flags, "--out", str(out)]) == 2
     line = one_error_line(capsys)
@@ -52,8 +58,58 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
             "unknown preset": "unknown preset 'huge'; choose one of tiny",
             "reply prefix in tool use": "--agent-reply-prefix is for the games setting",
             "reply prefix when thinking": "--agent-reply-prefix is for the games setting",
-            "bf16 static cache": "--generate-bf16 is for the CPU's growing cache"}[case]   # the error of its own case
+            "bf16 static cache": "--generate-bf16 is for the CPU's growing cache",
+            # an audit's: inf or nan trained step 0 into non-finite weights (then every resume failed); a negative
+            # clip reversed each update, 0 zeroed it; dropout 2 and a timeout past poll's range were tracebacks
+            "infinite lr": "--lr must be a finite number (got inf)", "nan clip": "--max-grad-norm must be a finite",
+            "negative clip": "--max-grad-norm must be > 0", "zero clip": "--max-grad-norm must be > 0",
+            "dropout 2": "--lora-dropout must be in [0, 1)", "nan kl": "--kl-beta must be a finite number",
+            "infinite call timeout": "--call-timeout must be a finite number",
+            "call timeout past a day": "--call-timeout must be at most 86400 s"}[case]   # the error of its own case
     assert said in line, line
+
+
+@pytest.mark.parametrize("case", ["a file", "a folder of other files", "under a file"])
+def test_an_out_that_is_a_file_or_holds_other_files_is_one_line_before_anything_loads(case, tmp_path, capsys):
+    """An audit's: --out into a folder of other files overwrote its config.json and memory.json; a file, or a path
+    under one, was a traceback after the model had loaded."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "config.json").write_text('{"my": "precious model config"}\n')
+    out, said = {"a file": ("notes.txt", "is a file; give a new or empty directory"),
+                 "a folder of other files": ("precious", "holds files but no run, which a run would overwrite"),
+                 "under a file": ("notes.txt/sub", "cannot be made")}[case]
+    assert cli.main(["train", "--model", "tiny-random", "--out", str(tmp_path / out)]) == 2
+    assert said in one_error_line(capsys)
+    assert (tmp_path / "precious" / "config.json").read_text() == '{"my": "precious model config"}\n'
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["validate", str(EXAMPLES / "walk.py"), "--timeout", "inf"], "--timeout: must be > 0 and at most 86400"),
+    (["eval", "--model", "tiny-random", "--batch-size", "0"], "--batch-size: must be > 0"),
+    (["eval", "--model", "tiny-random", "--pool-plays", "0"], "--pool-plays: must be > 0"),
+    (["eval", "--model", "tiny-random", "--max-new-tokens", "-5"], "--max-new-tokens must be >= 0"),
+    (["eval", "--model", "tiny-random", "--save", "/"], "--save: / cannot be written"),
+    (["conform", "--runs", "a", "b", "--tolerance", "-1"], "--tolerance must be >= 0")])
+def test_other_commands_bad_numbers_and_paths_are_one_line_before_the_work(argv, said, capsys):
+    """An audit's tracebacks (a timeout past poll's range, batch size 0, a negative tolerance) and an eval whose
+    --save failed after the whole evaluation, losing its scores."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:   # argparse's own check of a value
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+
+
+def test_score_refuses_returns_whose_square_overflows(tmp_path, capsys):
+    window = {"variant": "regret", "window": 1, "envs": [{"skill": "Optimization", "unhinted": [[1e308, -1e308]],
+                                                         "hinted": [1.0]}]}
+    path = tmp_path / "window.json"
+    path.write_text(json.dumps(window))
+    assert cli.main(["score", str(path)]) == 2
+    assert "a list of finite numbers (at most 1e100 in size)" in one_error_line(capsys)
 
 
 def test_bad_train_inputs_are_reported_before_torch_is_imported(tmp_path):
@@ -559,6 +615,17 @@ def test_the_machine_reads_its_bf16_from_the_cpu_flags(monkeypatch, flags, bf16)
     monkeypatch.setattr(cli, "Path", cpuinfo)
     cores, found = cli.machine()
     assert cores >= 1 and found == bf16
+
+
+def test_a_resume_says_which_flags_it_ignores(tmp_path, monkeypatch, capsys):
+    """An audit's: --resume RUN --lr 0.1 --plays 8 ran with the run's own lr and plays, without a word."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({**runs.dataclasses.asdict(runs.Config()), "model": "tiny-random",
+                                                 "out": str(out), "steps": 2, "steps_ran": 0}))
+    fake_train(monkeypatch, lambda cfg: None)
+    assert cli.main(["train", "--resume", str(out), "--steps", "3", "--plays", "8", "--lr", "0.1"]) == 0
+    assert "--lr, --plays ignored (only --steps is taken)" in capsys.readouterr().out
 
 
 def test_resuming_a_run_stopped_before_its_first_checkpoint_says_it_starts_over(tmp_path, monkeypatch, capsys):

@@ -83,6 +83,13 @@ def test_a_trainer_with_over_a_thousand_open_files_still_talks_to_its_children()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_a_call_timeout_past_polls_range_still_waits():
+    """poll takes milliseconds below 2**31: a call_timeout of 1e7 s raised OverflowError out of every call."""
+    with EnvProcess(GUESS, {"max_turns": 3}, Limits(call_timeout=1e7)) as env:
+        assert env.call("reset", 42)[0].startswith("Guess a number")
+        assert call_many([env], "step", [("\\boxed{50}",)])[0][1] == 0.0
+
+
 def test_class_name_is_reported():
     with EnvProcess(GUESS) as env:
         assert env.class_name == "GuessEnv" and env.alive
