@@ -470,8 +470,7 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
             if "fair_game" in checks:
                 checks["fair_game"] = _fair_game(fresh_env, seeds[0], actions, turns or max_turns) if fair_games \
                     else None
-    except Rejected as err:   # the check it names fails, though it passed at seed a (`trivial` only at seed b)
-        checks.update({name: False for name in (err.reason, "not_" + err.reason) if name in checks})
+    except Rejected as err:
         return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns)
     except ContractError as err:   # a reply no honest child sends (a :tool reply not [str, 0 | 1]): a forged encoder
         return Verdict(False, "bad_reply", class_name, checks, f"a reply of the wrong shape: {err}"[:500], turns)

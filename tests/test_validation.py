@@ -257,37 +257,6 @@ def test_the_loop_validates_each_designed_program_at_a_validation_seed_of_its_ow
     assert seen == [([drawn[0], drawn[2]], True), ([drawn[1], drawn[3]], True)]
 
 
-def test_a_game_trivial_only_at_the_second_seed_fails_not_trivial_not_reset_other(capsys, tmp_path):
-    """An audit's: every probe wins at seed b only; the verdict said `trivial` while its checks read not_trivial ok
-    (from seed a) and reset_other FAIL, so validate's list blamed the wrong check."""
-    b = envs.validation_seeds(0)[1]
-    code = f'''
-class CoinEnv:
-    def __init__(self, max_turns=12, **kwargs):
-        self.max_turns = max_turns
-
-    def reset(self, seed=None):
-        self.free, self.turn_count = seed == {b}, 0
-        return "Say the word in \\\\boxed{{}}.", {{}}
-
-    def step(self, action):
-        self.turn_count += 1
-        won = self.free or action == "\\\\boxed{{heads}}"
-        return ("Yes." if won else "No."), float(won), won, self.turn_count >= self.max_turns, {{}}
-
-    def solution(self):
-        return "\\\\boxed{{heads}}"
-'''
-    verdict = envs.validate(code, LIMITS, max_turns=TURNS)
-    assert verdict.reason == "trivial" and f"at seed {b}" in verdict.detail, verdict
-    assert verdict.checks["reset"] and verdict.checks["not_trivial"] is False
-    path = tmp_path / "coin.py"
-    path.write_text(code)
-    assert cli.main(["validate", str(path)]) == 1
-    lines = capsys.readouterr().out.splitlines()
-    assert "  FAIL not_trivial" in lines and "  -    reset_other" in lines, lines
-
-
 def test_a_lucky_first_probe_is_not_trivial():
     """Cups (3 cups) stays valid at the validation seeds where its first probe, cup 1, wins: at drawn seeds the old
     rule (the first probe must not win) would refuse a game of k answers 1 time in k."""
