@@ -833,7 +833,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 0:
         raise InputError(f"--max-new-tokens must be >= 0 (0: the preset's; got {args.max_new_tokens})")
     if args.save and (Path(args.save).is_dir() or not Path(args.save).absolute().parent.is_dir()):
-        raise InputError(f"--save: {args.save} cannot be written: give a file in a folder that exists")   # before the work
+        raise InputError(f"--save: {args.save} cannot be written: give a file in a folder that exists")   # now
     name, adapter, kwargs = eval_source(args)
     t0 = time.time()   # progress goes to stderr: with --json, stdout's last line must stay the result
     try:

@@ -1152,6 +1152,7 @@ def write_golden(sections=CONFORM_SECTIONS, folder: Path = CONFORM_GOLDEN) -> No
 # the parity protocol: two runs of the same configuration and seeds, step by step
 
 ONE_SIDE_ONLY = "(logged by one side only)"   # compare_runs' row for a step only one side logged
+NON_FINITE = ("NaN", "Infinity", "-Infinity")   # how runs.json_line writes a non-finite number
 
 
 def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERANCE) -> list[dict]:
@@ -1176,7 +1177,9 @@ def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERA
             xs, ys = [s[step][k] for s in left], [s[step][k] for s in right]
             if len(xs) == len(ys) == 1:
                 x, y = xs[0], ys[0]
-                agree = math.isclose(x, y, rel_tol=0, abs_tol=tolerance) if _number(x) and _number(y) else x == y
+                # a non-finite value (logged as the string "NaN": runs.json_line) never agrees, as NaN != NaN
+                agree = math.isclose(x, y, rel_tol=0, abs_tol=tolerance) if _number(x) and _number(y) else \
+                    x == y and x not in NON_FINITE
                 rows.append({"step": step, "metric": k, "a": x, "b": y, "agree": agree})
             elif all(_number(v) for v in xs + ys):
                 ma, mb = statistics.fmean(xs), statistics.fmean(ys)

@@ -295,9 +295,9 @@ class EnvProcess:
 # Text an environment sends is made inert once, as its reply is decoded: a lone surrogate becomes U+FFFD in a
 # failure's detail and fails a value as 'bad_reply' (no encoder or tokenizer takes one); a control character but
 # newline and tab (in a one-line detail, those too), U+2028/9, a bidi control and each format (Cf) or default-ignorable
-# character (variation selectors hid `rm -rf ~` in a class name) are shown as their escape (\x1b, \r, \u202e).
+# character (variation selectors hid `rm -rf ~` in a class name; an emoji's U+FE0E/F pass) are shown as escapes.
 _HIDDEN = ("\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5\u180b-\u180f"
-           "\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
+           "\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0d\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd"
            "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff\ud800-\udfff")
 _UNSAFE, _UNSAFE_IN_LINE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_HIDDEN}]"), re.compile(f"[\x00-\x1f\x7f-\x9f{_HIDDEN}]")
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -10,6 +10,7 @@ import cli
 import envs
 import evaluate
 import regret
+import runs
 
 
 def cases(section: str) -> dict:
@@ -94,7 +95,7 @@ def test_bad_conform_input_is_one_line_and_exit_2(argv, said, capsys):
 def write_run(path, values: list[dict]):
     path.mkdir()
     lines = [{"config": {}}] + [{"step": k, "perf/step_s": 9.0 + k, **v} for k, v in enumerate(values)]
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (path / "metrics.jsonl").write_text("".join(runs.json_line(r) + "\n" for r in lines))   # as a run writes
 
 
 def test_two_runs_are_compared_step_by_step_leaving_out_times(tmp_path, capsys):
@@ -105,6 +106,16 @@ def test_two_runs_are_compared_step_by_step_leaving_out_times(tmp_path, capsys):
     write_run(tmp_path / "c", [{"loss/policy": 0.5, "skills": ["A"]}, {"loss/policy": 0.3, "skills": ["B"]}])
     assert cli.main(["conform", "--runs", str(tmp_path / "a"), str(tmp_path / "c")]) == 1
     assert "step 1 loss/policy: 0.25 vs 0.3" in capsys.readouterr().out
+
+
+def test_two_runs_that_both_logged_a_nan_do_not_agree_on_it(tmp_path):
+    """metrics.jsonl holds a NaN as the string "NaN" (strict JSON, runs.json_line): two diverged runs read as
+    agreeing ("NaN" == "NaN") where the bare NaN of before never equalled itself (a review's)."""
+    for name in ("a", "b"):
+        write_run(tmp_path / name, [{"loss/grad_norm": float("nan"), "agent/return_nohint": 0.5}])
+    assert "NaN" in (tmp_path / "a" / "metrics.jsonl").read_text()
+    rows = {r["metric"]: r["agree"] for r in evaluate.compare_runs([tmp_path / "a"], [tmp_path / "b"])}
+    assert rows == {"loss/grad_norm": False, "agent/return_nohint": True}
 
 
 def test_several_runs_a_side_agree_when_the_interval_of_the_difference_holds_zero(tmp_path):

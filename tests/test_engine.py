@@ -285,7 +285,8 @@ def test_merged_lora_is_skipped_when_one_lora_layer_cannot_be_merged(tiny_model)
     try:
         with models.lora_merged(model):   # neither merged copies nor packed decode weights (which keep .weight)
             assert all(b.weight is w for b, w in zip(bases[1:], before[1:]))
-            packed = [n for n, m in model.named_modules() if isinstance(m.__dict__.get("forward"), models._DecodePacked)]
+            packed = [n for n, m in model.named_modules()
+                      if isinstance(m.__dict__.get("forward"), models._DecodePacked)]
             assert packed == []
     finally:
         bases[0].weight = saved

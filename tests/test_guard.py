@@ -287,12 +287,14 @@ def test_a_run_of_combining_marks_in_an_opening_reaches_nfkc_cut_to_the_stream_s
     assert not played.stats["opening_leak"]   # the digits it lists are the options, at every seed
 
 
-def test_a_valid_program_whose_name_holds_a_run_of_marks_is_refused_before_the_trainer_parses_it():
+@pytest.mark.parametrize("mark", ["\u0301", "\u0f73"], ids=["acute", "two marks in one character"])
+def test_a_valid_program_whose_name_holds_a_run_of_marks_is_refused_before_the_trainer_parses_it(mark):
     """The parser NFKC-normalises a non-ASCII name, quadratic in a run of combining marks (2 x 40,000: 35 s in
     ast.parse). The sandbox compiles within its deadline what the trainer would then parse several times outside
     any: a program with a run past runs.MAX_MARKS is `too_large` for the copy check, and no parse of the trainer's
-    takes it (runs.parse_python raises ValueError)."""
-    name = "cups" + "\u0301" * (runs.MAX_MARKS + 1)
+    takes it (runs.parse_python raises ValueError). U+0F73 has combining class 0 but is two marks in NFKD (a
+    review's: 8,000 of them, 0.71 s a parse, quadrupling with each doubling)."""
+    name = "cups" + mark * (runs.MAX_MARKS + 1)
     code = (ROOT / "examples" / "cups.py").read_text().replace("class CupsEnv", f"{name} = 1\n\n\nclass CupsEnv")
     verdict = envs.validate(code, LIMITS, max_turns=TURNS)
     assert verdict.valid, verdict          # the sandbox's compile takes it: it is Python
