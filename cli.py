@@ -209,7 +209,8 @@ def check_config(train, cfg) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be auto, on or off")
     for field in dataclasses.fields(cfg):   # inf or nan in any number: a run that trains on nonsense
         value = getattr(cfg, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value) and not (
+                value == math.inf and field.name in ("max_grad_norm", "clip_high")):   # inf: clipping off
             raise InputError(f"--{field.name.replace('_', '-')} must be a finite number (got {value})")
     for name in ("temperature", "lr", "call_timeout", "dist_timeout", "max_grad_norm"):
         if not getattr(cfg, name) > 0:   # max_grad_norm: 0 zeroes every update, a negative one reverses it

@@ -460,9 +460,12 @@ def check_new_out(out: str) -> None:
         raise InputError(f"--out: {out} already holds a run; use --resume {out} or another --out")
     if path.exists() and not path.is_dir():
         raise InputError(f"--out: {out} is a file; give a new or empty directory")
-    if path.is_dir() and any(path.iterdir()):
-        raise InputError(f"--out: {out} holds files but no run, which a run would overwrite; give a new or empty "
-                         f"directory")
+    run = Run(out)   # a log or notes beside them are fine (`--out runs/x > runs/x/train.log`)
+    taken = [p.name for p in (run.config, run.samples, run.memory, run.checkpoints, run.last_checkpoint,
+                              path / "envs", path / "report") if p.exists()]
+    if taken:
+        raise InputError(f"--out: {out} holds {', '.join(taken)} but no run, which a run would overwrite; give a "
+                         f"new or empty directory")
     parent = path.absolute()
     while not parent.exists():
         parent = parent.parent

@@ -77,11 +77,22 @@ def test_an_out_that_is_a_file_or_holds_other_files_is_one_line_before_anything_
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "config.json").write_text('{"my": "precious model config"}\n')
     out, said = {"a file": ("notes.txt", "is a file; give a new or empty directory"),
-                 "a folder of other files": ("precious", "holds files but no run, which a run would overwrite"),
+                 "a folder of other files": ("precious", "holds config.json but no run, which a run would overwrite"),
                  "under a file": ("notes.txt/sub", "cannot be made")}[case]
     assert cli.main(["train", "--model", "tiny-random", "--out", str(tmp_path / out)]) == 2
     assert said in one_error_line(capsys)
     assert (tmp_path / "precious" / "config.json").read_text() == '{"my": "precious model config"}\n'
+
+
+def test_an_out_holding_only_other_files_such_as_its_log_is_taken(tmp_path, monkeypatch):
+    """`mkdir runs/x; spade-mini train --out runs/x > runs/x/train.log`: the log is no run file, so no refusal;
+    and --max-grad-norm inf (clipping off, as in torch) is no bad number."""
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "train.log").write_text("")
+    fake_train(monkeypatch, lambda cfg: runs.open_run(cfg))
+    assert cli.main(["train", "--model", "tiny-random", "--out", str(out), "--max-grad-norm", "inf"]) == 0
+    assert (out / "config.json").exists() and (out / "train.log").exists()
 
 
 @pytest.mark.parametrize("argv,said", [
