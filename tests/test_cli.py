@@ -628,23 +628,25 @@ def test_the_machine_reads_its_bf16_from_the_cpu_flags(monkeypatch, flags, bf16)
     assert cores >= 1 and found == bf16
 
 
-def test_a_resume_says_which_flags_it_ignores(tmp_path, monkeypatch, capsys):
-    """An audit's: --resume RUN --lr 0.1 --plays 8 ran with the run's own lr and plays, without a word."""
+def unstarted_run(tmp_path, monkeypatch) -> Path:
+    """A run directory with its config.json (2 steps of tiny-random) and no step run; train.train a no-op."""
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.json").write_text(json.dumps({**runs.dataclasses.asdict(runs.Config()), "model": "tiny-random",
                                                  "out": str(out), "steps": 2, "steps_ran": 0}))
     fake_train(monkeypatch, lambda cfg: None)
+    return out
+
+
+def test_a_resume_says_which_flags_it_ignores(tmp_path, monkeypatch, capsys):
+    """An audit's: --resume RUN --lr 0.1 --plays 8 ran with the run's own lr and plays, without a word."""
+    out = unstarted_run(tmp_path, monkeypatch)
     assert cli.main(["train", "--resume", str(out), "--steps", "3", "--plays", "8", "--lr", "0.1"]) == 0
     assert "--lr, --plays ignored (only --steps is taken)" in capsys.readouterr().out
 
 
 def test_resuming_a_run_stopped_before_its_first_checkpoint_says_it_starts_over(tmp_path, monkeypatch, capsys):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps({**runs.dataclasses.asdict(runs.Config()), "model": "tiny-random",
-                                                 "out": str(out), "steps": 2, "steps_ran": 0}))
-    fake_train(monkeypatch, lambda cfg: None)
+    out = unstarted_run(tmp_path, monkeypatch)
     assert cli.main(["train", "--resume", str(out)]) == 0
     out = capsys.readouterr().out
     assert "has no checkpoint yet" in out and "starts over at step 0" in out
