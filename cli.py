@@ -87,7 +87,7 @@ import runs  # noqa: E402
 from runs import InputError  # noqa: E402
 import regret  # noqa: E402
 from isolation import isolation_report  # noqa: E402
-from sandbox import Limits, SandboxError  # noqa: E402
+from sandbox import MAX_WAIT, Limits, SandboxError  # noqa: E402
 
 COMMANDS = {
     "train": "run self-play (default: the CPU demo with SmolLM2-135M)",
@@ -215,8 +215,8 @@ def check_config(train, cfg) -> None:
     for name in ("temperature", "lr", "call_timeout", "dist_timeout", "max_grad_norm"):
         if not getattr(cfg, name) > 0:   # max_grad_norm: 0 zeroes every update, a negative one reverses it
             raise InputError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
-    if cfg.call_timeout > MAX_TIMEOUT:
-        raise InputError(f"--call-timeout must be at most {MAX_TIMEOUT} s, a day (got {cfg.call_timeout:g})")
+    if cfg.call_timeout > MAX_WAIT:
+        raise InputError(f"--call-timeout must be at most {MAX_WAIT} s, a day (got {cfg.call_timeout:g})")
     if not 0 <= cfg.lora_dropout < 1:
         raise InputError(f"--lora-dropout must be in [0, 1) (got {cfg.lora_dropout})")
     if not 0 < cfg.top_p <= 1:
@@ -916,9 +916,6 @@ def cmd_export(args: dict) -> int:
 # -----------------------------------------------------------------------------------------------------------
 # the parser, and main
 
-MAX_TIMEOUT = 86_400   # seconds: an environment call's longest wait (poll takes at most ~24 days in ms)
-
-
 def positive(kind, most: float = math.inf):
     """An argparse type: a number of `kind` that must be > 0 and at most `most`."""
     def parse(text: str):
@@ -963,7 +960,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["plan"].add_argument("--json", action="store_true", help="last stdout line is the plan as JSON")
     for name in ("validate", "play"):
         p[name].add_argument("file", help="a Python file defining a *Env class")
-        p[name].add_argument("--timeout", type=positive(float, MAX_TIMEOUT), default=5.0,
+        p[name].add_argument("--timeout", type=positive(float, MAX_WAIT), default=5.0,
                              help="seconds per environment call")
     for name in ("validate", "play", "eval"):
         p[name].add_argument("--setting", default="games", choices=envs.SETTINGS,
@@ -999,7 +996,7 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     p["export"].add_argument("--out", required=True, help="directory the packages are written into (one per "
                              "environment; an existing package is never overwritten)")
     p["export"].add_argument("--max-turns", type=positive(int), default=12, help="turn cap, as play's")
-    p["export"].add_argument("--timeout", type=positive(float, MAX_TIMEOUT), default=5.0,
+    p["export"].add_argument("--timeout", type=positive(float, MAX_WAIT), default=5.0,
                              help="seconds per environment call")
     p["export"].add_argument("--seed", type=int, default=0, help="harbor: the task's reset seed (one task, one "
                              "episode); the other formats take the seed at reset")

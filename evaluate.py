@@ -354,10 +354,12 @@ def bounded_tree(code: str) -> ast.Module | str:
     >>> bounded_tree("x = " + "-" * 150 + "1"), type(bounded_tree("x = 1")).__name__, bounded_tree("x = (")
     ('too_deep', 'Module', 'syntax')
     """
-    if len(code.encode("utf-8", "replace")) > envs.MAX_CODE_BYTES or runs.stream_safe(code) != code:
+    if len(code.encode("utf-8", "replace")) > envs.MAX_CODE_BYTES:
         return "too_large"
     try:
         tree = runs.parse_python(code)
+    except runs.TooManyMarks:
+        return "too_large"
     except (SyntaxError, ValueError):
         return "syntax"
     except (RecursionError, MemoryError):

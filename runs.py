@@ -216,19 +216,23 @@ def stream_safe(text: str) -> str:
     return "".join(kept)
 
 
+class TooManyMarks(ValueError):
+    """Code past stream_safe's bound: parse_python refuses it (callers that must tell it from a syntax error)."""
+
+
 def parse_python(code: str) -> ast.Module:
     """ast.parse, one thread at a time. CPython 3.11 counts the syntax-tree builder's depth per interpreter, not
     per thread: when the garbage collector runs Python code mid-parse and another thread parses meanwhile, both
     counts mix and ast.parse raises `SystemError: AST constructor recursion depth mismatch` (CPython gh-106905,
     seen in CI in reject_copies' thread pool). Only its callers take turns: a traceback's or inspect's own parse
-    does not. Raises what ast.parse raises, and ValueError for code past stream_safe's bound (the parse would
-    take time quadratic in a run of marks).
+    does not. Raises what ast.parse raises, and TooManyMarks (a ValueError) for code past stream_safe's bound
+    (the parse would take time quadratic in a run of marks).
 
     >>> type(parse_python("x = 1")).__name__
     'Module'
     """
     if stream_safe(code) != code:
-        raise ValueError(f"more than {MAX_MARKS} combining marks in a row")
+        raise TooManyMarks(f"more than {MAX_MARKS} combining marks in a row")
     with _PARSE_LOCK:
         return ast.parse(code)
 
@@ -455,18 +459,18 @@ def check_new_out(out: str) -> None:
     and a place where the directory can be made."""
     if not out:
         return
-    path = Path(out)
-    if Run(out).metrics.exists():
+    run = Run(out)
+    if run.metrics.exists():
         raise InputError(f"--out: {out} already holds a run; use --resume {out} or another --out")
-    if path.exists() and not path.is_dir():
+    if run.root.exists() and not run.root.is_dir():
         raise InputError(f"--out: {out} is a file; give a new or empty directory")
-    run = Run(out)   # a log or notes beside them are fine (`--out runs/x > runs/x/train.log`)
+    # a log or notes beside a run's files are fine (`--out runs/x > runs/x/train.log`)
     taken = [p.name for p in (run.config, run.samples, run.memory, run.checkpoints, run.last_checkpoint,
-                              path / "envs", path / "report") if p.exists()]
+                              run.root / "envs", run.root / "report") if p.exists()]
     if taken:
         raise InputError(f"--out: {out} holds {', '.join(taken)} but no run, which a run would overwrite; give a "
                          f"new or empty directory")
-    parent = path.absolute()
+    parent = run.root.absolute()
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):

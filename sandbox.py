@@ -55,6 +55,7 @@ _SURVIVABLE = {"error", "not_serializable", "too_large"}  # every other failure 
 _HEADER = 44  # frame header: 32 hex chars of nonce, a space, 10 digits of body length, a newline
 _MAX_DEPTH = 100   # nesting of a result; the child's encoder refuses deeper ones, the parent checks again
 WALL_BUDGET_CALLS = 4   # an instance's calls get 4 x call_timeout of wall time in all: slow but legal = hung
+MAX_WAIT = 86_400   # seconds: the longest wait poll is asked for (it takes milliseconds below 2**31)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ class EnvProcess:
         writable.register(self._fds[0], select.POLLOUT)
         while out:   # note: a request bigger than the pipe buffer needs the child to be reading
             left = deadline - time.monotonic()
-            if left <= 0 or not writable.poll(max(1, int(1000 * min(left, 86_400)) + 1)):   # poll: ms, < 2**31
+            if left <= 0 or not writable.poll(max(1, int(1000 * min(left, MAX_WAIT)) + 1)):
                 self._fail("timeout", "the child did not read its request in time")
                 break
             try:
@@ -390,7 +391,7 @@ def _collect(procs: list) -> None:
                 del waiting[fd]
         if not waiting:
             break
-        wait_ms = 1000 * min(min(p._pending[1] for p in waiting.values()) - now, 86_400)
+        wait_ms = 1000 * min(min(p._pending[1] for p in waiting.values()) - now, MAX_WAIT)
         for fd, _ in poller.poll(max(1, int(wait_ms) + 1)):
             if waiting[fd]._on_readable():
                 waiting[fd]._wall_left -= time.monotonic() - waiting[fd]._pending[2]
