@@ -4,10 +4,10 @@
 overrides. The rest is a support module (a first read of the method may skip it). A run directory holds
 config.json, metrics.jsonl (the resolved config first, then one record per step), samples.jsonl (designer
 attempts with verdicts, window scores, environments, a few episodes), memory.json, envs/step_NNNNN/ (each
-program and, at its window's end, its scores), checkpoints/ and last_checkpoint.json. Files are replaced
-atomically or appended line by line, with the permissions the umask gives (a run on a shared server is as readable
-as any file there); readers tolerate a torn last line; a resume refuses a run whose logged steps lost their
-checkpoints. Also here:
+program and, at its window's end, its scores), checkpoints/, last_checkpoint.json and lock (held by the one
+process that trains in it). Files are replaced atomically or appended line by line, with the permissions the umask
+gives (a run on a shared server is as readable as any file there); readers tolerate a torn last line; a resume
+refuses a run whose logged steps lost their checkpoints. Also here:
 the grounding corpus (files a run reads), the step's metrics record, printed line and live progress, the one
 error class for bad user input, and parse_python (ast.parse one thread at a time).
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import importlib
 import inspect
@@ -477,12 +478,40 @@ def check_new_out(out: str) -> None:
         raise InputError(f"--out: {out} cannot be made ({parent} is not a writable directory)")
 
 
+_HELD: dict[str, int] = {}   # the run directories this process trains in: real path -> its open lock file
+
+
+def hold_run(root: str | Path, flag: str) -> None:
+    """Hold a run directory for the rest of this process's life: an flock on root/lock, which the kernel drops
+    when the process ends, however it ends (a SIGKILLed run leaves nothing to clean up). A second trainer in the
+    same directory (a --resume while the run still runs, or two runs started with one --out) would interleave
+    metrics.jsonl and samples.jsonl and remove each other's checkpoint files: InputError naming the holder."""
+    key = os.path.realpath(root)
+    if key in _HELD:
+        return
+    try:
+        fd = os.open(Path(root) / "lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as err:
+        raise InputError(f"{flag}: {root}/lock cannot be opened ({err.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 16).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise InputError(f"{flag}: {root} is in use by another spade-mini process (pid {holder or '?'}); wait for "
+                         "it to end, or stop it, then --resume") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _HELD[key] = fd
+
+
 def open_run(cfg):
     """Create the run directory of the config dataclass `cfg` (checked, resolved), or reopen it for --resume:
     the logs are rewound to its last checkpoint and config.json records the new --steps. -> (cfg, run, first
     step)."""
     if cfg.resume:
         run = Run(cfg.resume)
+        hold_run(run.root, "--resume")   # before anything is rewound
         start = resume_start(run, cfg.checkpoint_every)
         if start == 0:
             run.memory.unlink(missing_ok=True)  # the memory of a step that never reached a checkpoint
@@ -494,6 +523,8 @@ def open_run(cfg):
             run.root.mkdir(parents=True, exist_ok=True)
         except OSError as err:   # /proc/x: its parent looks writable to root
             raise InputError(f"--out: {run.root} cannot be made ({err.strerror})") from None
+        hold_run(run.root, "--out")
+        check_new_out(str(run.root))     # again, held: a run started with the same --out meanwhile is refused
         cfg, start = dataclasses.replace(cfg, out=str(run.root)), 0
     write_atomic(run.config, json.dumps({**dataclasses.asdict(cfg), "steps_ran": start}, indent=2) + "\n")
     return cfg, run, start

@@ -548,7 +548,7 @@ def start(cfg: Config) -> tuple[State, int]:
     or a model that cannot load, leaves no run directory behind."""
     cfg = runs.resumed_config(cfg) if cfg.resume else cfg
     if models.is_main():                # subtle: another rank may already have created it (it is rank 0's)
-        runs.check_new_out("" if cfg.resume else cfg.out)
+        runs.hold_run(cfg.resume, "--resume") if cfg.resume else runs.check_new_out(cfg.out)
     cfg = size_to_card(cfg)
     corpus = [] if (cfg.no_corpus or cfg.env_pool) else runs.load_corpus(cfg.corpus or None, setting=cfg.setting)
     limits = limits_of(cfg)

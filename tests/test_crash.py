@@ -111,3 +111,49 @@ def test_every_file_of_a_run_honours_the_umask(tmp_path):
     modes = {str(p.relative_to(out)): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
     assert "checkpoints/step_00000/adapter_model.safetensors" in modes
     assert {name: mode for name, mode in modes.items() if mode != 0o644} == {}
+
+
+HOLDER = "import sys, time, runs; runs.hold_run(sys.argv[1], '--out'); print('held', flush=True); time.sleep(600)"
+
+
+def hold_in_another_process(root):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_resume_while_another_process_trains_in_the_run_is_one_line_and_touches_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({**dataclasses.asdict(runs.Config()), "model": "tiny-random",
+                                                 "steps": 1, "out": str(out)}))
+    metrics = "".join(json.dumps(r) + "\n" for r in ({"config": {}}, {"step": 0}))
+    (out / "metrics.jsonl").write_text(metrics)
+    holder = hold_in_another_process(out)
+    try:
+        assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"in use by another spade-mini process (pid {holder.pid})" in err[0], err
+        assert (out / "metrics.jsonl").read_text() == metrics
+    finally:
+        holder.kill()
+        holder.wait()
+    runs.hold_run(out, "--resume")      # the kernel dropped the killed holder's lock: nothing to clean up
+
+
+def test_two_runs_started_with_one_out_the_second_is_refused_before_writing(tmp_path, capsys):
+    """Both pass the checks before the model loads; the second to open the directory finds it held."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text(ECHO_ENV)
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = hold_in_another_process(out)
+    try:
+        assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is in use by another spade-mini process" in err[0], err
+        assert sorted(p.name for p in out.iterdir()) == ["lock"]
+    finally:
+        holder.kill()
+        holder.wait()
