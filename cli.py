@@ -462,11 +462,10 @@ def read_file(path: str, limit: int = 1_000_000, flag: str = "") -> bytes:
     return p.read_bytes()
 
 
-def verdict_json(verdict: envs.Verdict, failed: str | None) -> dict:
-    """The verdict for `validate --json`: a check that never ran (not reached after the one that failed, or
-    skipped) is "not run", not false."""
-    ran = list(verdict.checks)[:list(verdict.checks).index(failed) + 1] if failed else list(verdict.checks)
-    checks = {name: ok if name in ran and ok is not None else "not run" for name, ok in verdict.checks.items()}
+def verdict_json(verdict: envs.Verdict) -> dict:
+    """The verdict for `validate --json`: a check that never ran (not reached, or skipped) is "not run", not false;
+    false is the one that failed."""
+    checks = {name: ok if ok or name == verdict.failed else "not run" for name, ok in verdict.checks.items()}
     return {**verdict.to_json(), "checks": checks}
 
 
@@ -477,12 +476,11 @@ def cmd_validate(path: str, as_json: bool, timeout: float, setting: str = "games
     print(f"{path}: {'valid' if verdict.valid else 'rejected'} ({verdict.reason})"
           + (f" class {verdict.class_name}" if verdict.class_name else "")
           + (f": {verdict.detail}" if verdict.detail else ""))
-    failed = next((name for name, ok in verdict.checks.items() if ok is False), None) if not verdict.valid else None
     for name, ok in verdict.checks.items():
-        shown = "skip" if ok is None else "ok  " if ok else "FAIL" if name == failed else "-   "   # -: not reached
+        shown = "skip" if ok is None else "ok  " if ok else "FAIL" if name == verdict.failed else "-   "  # -: not reached
         print(f"  {shown} {name}")
     if as_json:
-        print(json.dumps({**verdict_json(verdict, failed), "sandbox": isolation_report()}))
+        print(json.dumps({**verdict_json(verdict), "sandbox": isolation_report()}))
     return 0 if verdict.valid else 1
 
 

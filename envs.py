@@ -82,12 +82,17 @@ class ContractError(ValueError):
     """An environment method returned a value of the wrong shape or type."""
 
 
-class Rejected(Exception):
-    """Validation stopped at a check; reason is one of VERDICT_REASONS."""
+CHECK_OF = {"reset_error": "reset", "step_error": "step_types", "bad_step_type": "step_types", "trivial": "not_trivial",
+            "reward_range": "reward_range", "bad_tools": "tools", "tool_error": "tools_callable", "fixed_answer":
+            "fair_game", "nondeterministic": "deterministic", "unsolvable": "solvable"}   # the check a reason fails
 
-    def __init__(self, reason: str, detail: str = ""):
+
+class Rejected(Exception):
+    """Validation stopped at a check (CHECK_OF[reason], or `check`); reason is one of VERDICT_REASONS."""
+
+    def __init__(self, reason: str, detail: str = "", check: str | None = None):
         super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
+        self.reason, self.detail, self.check = reason, detail, check or CHECK_OF.get(reason)
 
 
 @dataclass
@@ -98,9 +103,10 @@ class Verdict:
     checks: dict[str, bool | None] = field(default_factory=dict)  # every name in CHECKS; not reached = False,
     detail: str = ""                                              # skipped = None (solvable without solution())
     max_turns: int | None = None  # the instance's own max_turns after the runner's cap
+    failed: str | None = None     # the check that failed (one that passed at seed a may fail at seed b)
 
     def to_json(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "detail" or v}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("detail", "failed") or v}
 
     @classmethod
     def from_json(cls, d: dict) -> "Verdict":
@@ -186,13 +192,16 @@ def _reset(env: EnvProcess, seed: int) -> str:
     return obs
 
 
-def _step(env: EnvProcess, action: str) -> tuple[str, float, bool, bool]:
+def _step(env: EnvProcess, action: str, checks: dict | None = None) -> tuple[str, float, bool, bool]:
+    checks = {} if checks is None else checks
     try:
         obs, reward, terminated, truncated = parse_step(_call(env, "step", "step", action))
     except ContractError as err:
         raise Rejected("bad_step_type", f"step({action!r}): {err}") from None
+    checks["step_types"] = True
     if not math.isfinite(reward) or abs(reward) > REWARD_BOUND:
         raise Rejected("reward_range", f"step({action!r}) gave reward {reward}, outside [-10, 10]")
+    checks["reward_range"] = True
     return obs, reward, terminated, truncated
 
 
@@ -214,14 +223,14 @@ def _game_trace(env: EnvProcess, seed: int, checks: dict[str, bool]) -> list[tup
     checks["reset"] = True
     wins = 0
     for action in PROBE_ACTIONS:
-        trace.append(_step(env, action))
+        trace.append(_step(env, action, checks))
         wins += trace[-1][2] and trace[-1][1] >= WIN_REWARD
         if trace[-1][2] or trace[-1][3]:
             # subtle: one probe can win (a secret number 42, cup 1); start over rather than step a finished episode
             trace.append((_reset(env, seed),))
     if wins == len(PROBE_ACTIONS):
         raise Rejected("trivial", f"every probe action {PROBE_ACTIONS} wins as the first action at seed {seed}")
-    checks["step_types"] = checks["reward_range"] = checks["not_trivial"] = True
+    checks["not_trivial"] = True
     return trace
 
 
@@ -246,10 +255,10 @@ def _tool_trace(env: EnvProcess, seed: int, checks: dict[str, bool]) -> list:
             raise Rejected(reason, f"tool_{name}(**{arguments!r}): {output!r}"[:500])   # !r: a detail is one line
         trace.append(output)
     checks["tools_callable"] = True
-    trace.append(_step(env, PROBE_ANSWER))
+    trace.append(_step(env, PROBE_ANSWER, checks))
     if trace[-1][2] and trace[-1][1] >= WIN_REWARD:
         raise Rejected("trivial", f"the probe answer {PROBE_ANSWER!r} already wins")
-    checks["step_types"] = checks["reward_range"] = checks["not_trivial"] = True
+    checks["not_trivial"] = True
     return trace
 
 
@@ -434,7 +443,7 @@ def _fair_game(env: EnvProcess, seed: int, actions: list | None, turns: int) -> 
     taken = min(len(actions), turns)
     if all(_reset(env, seed) and _play(env, [probe] * taken, turns)[1] for probe in PROBE_ACTIONS):
         raise Rejected("trivial", f"fair games: each probe action taken {taken} times wins at seed {seed}, as "
-                                  "solution() does: the seed decides the game, not the actions")
+                                  "solution() does: the seed decides the game, not the actions", "fair_game")
     answers = {tuple(" ".join(a.split()) for a in solution_actions(_reset(env, other) and _solution(env, other)) or ())
                for other in validation_seeds(seed, ANSWER_SEEDS)}
     if len(answers) == 1:
@@ -470,13 +479,15 @@ def validate(code: str | bytes | None, limits: Limits = Limits(), max_turns: int
             if "fair_game" in checks:
                 checks["fair_game"] = _fair_game(fresh_env, seeds[0], actions, turns or max_turns) if fair_games \
                     else None
-    except Rejected as err:
-        return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns)
-    except ContractError as err:   # a reply no honest child sends (a :tool reply not [str, 0 | 1]): a forged encoder
-        return Verdict(False, "bad_reply", class_name, checks, f"a reply of the wrong shape: {err}"[:500], turns)
+    except (Rejected, ContractError) as err:
+        if isinstance(err, ContractError):   # a reply no honest child sends (a :tool reply not [str, 0 | 1])
+            err = Rejected("bad_reply", f"a reply of the wrong shape: {err}")
+        failed = err.check if err.check in checks else next((n for n, ok in checks.items() if ok is False), None)
+        checks.update({failed: False} if failed else {})   # no check named: the one under way
+        return Verdict(False, err.reason, class_name, checks, err.detail[:500], turns, failed)
     aside = "note: the fair-game guard stood aside: solution() gives no \\boxed{} action sequence to replay" \
         if fair_games and checks.get("fair_game", False) is None else ""
-    return Verdict(True, "ok", class_name, checks, "; ".join(filter(None, (aside, _print_note(code)))), turns)
+    return Verdict(True, "ok", class_name, checks, "; ".join(filter(None, (aside, runs.print_note(code)))), turns)
 
 
 def _same_episodes(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], trace, checks: dict) -> None:
@@ -511,21 +522,6 @@ def _solution_checks(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], t
         raise Rejected("unsolvable", f"solution() after reset({b}) does not win within {turns} turns")
     checks["solvable"] = None if actions is None else True
     return actions
-
-
-def _print_note(code: str) -> str:
-    """A valid program's verdict detail when it calls print(): the sandbox's stdout is /dev/null (docs/score.md).
-
-    >>> _print_note("print(1)")[:22], _print_note("x = 1")
-    ('note: it calls print()', '')
-    """
-    try:
-        tree = runs.parse_python(code)
-    except (SyntaxError, ValueError, RecursionError):
-        return ""
-    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print" for n in ast.walk(tree)):
-        return "note: it calls print(), whose output is dropped (stdout is /dev/null), in validation and in play"
-    return ""
 
 
 def validate_many(codes: list[str | None], limits: Limits, max_turns: int, setting: str = "games",

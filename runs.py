@@ -238,6 +238,21 @@ def parse_python(code: str) -> ast.Module:
         return ast.parse(code)
 
 
+def print_note(code: str) -> str:
+    """A valid program's verdict detail when it calls print(): the sandbox's stdout is /dev/null (docs/score.md).
+
+    >>> print_note("print(1)")[:22], print_note("x = 1")
+    ('note: it calls print()', '')
+    """
+    try:
+        tree = parse_python(code)
+    except (SyntaxError, ValueError, RecursionError):
+        return ""
+    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print" for n in ast.walk(tree)):
+        return "note: it calls print(), whose output is dropped (stdout is /dev/null), in validation and in play"
+    return ""
+
+
 # ----------------------------------------------------------------------------------------------------------
 # crash-safe files: replaced atomically, or append-only with a reader that tolerates a torn last line
 

@@ -124,9 +124,9 @@ def test_validate_accepts_utf8_bytes():
 
 def test_verdict_to_json_has_the_cli_fields():
     out = envs.validate(source("bad_reward_50.py"), LIMITS).to_json()
-    assert {"valid", "reason", "class_name", "checks", "detail", "max_turns"} == set(out)
-    assert json.loads(json.dumps(out))["reason"] == "reward_range"
-    assert "detail" not in envs.Verdict(True, "ok", "AEnv", {}).to_json()
+    assert {"valid", "reason", "class_name", "checks", "detail", "max_turns", "failed"} == set(out)
+    assert json.loads(json.dumps(out))["reason"] == out["failed"] == "reward_range"
+    assert not {"detail", "failed"} & set(envs.Verdict(True, "ok", "AEnv", {}).to_json())
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -395,3 +395,40 @@ def test_an_attribute_named_like_a_method_does_not_hide_the_method():
     assert shadowed != code
     verdict = envs.validate(shadowed, LIMITS)
     assert verdict.valid and verdict.checks["solvable"], verdict
+
+
+def game(setup: str, step: str, solution: str = '"\\\\boxed{7}"') -> str:
+    """A small game: reset runs `setup` (seed in scope), step returns `step` (action in scope)."""
+    return (f"class SmallEnv:\n    def __init__(self, max_turns=4, **kwargs):\n        self.max_turns = max_turns\n"
+            f"    def reset(self, seed=None):\n        self.n = 0\n        {setup}\n        return 'Say 7.', {{}}\n"
+            f"    def step(self, action):\n        self.n += 1\n        return {step}\n"
+            f"    def solution(self):\n        return {solution}\n")
+
+
+SEVEN = "'...', float(self.easy or action == '\\\\boxed{7}'), self.easy or action == '\\\\boxed{7}', False, {}"
+B = envs.validation_seeds(0)[1]
+# (program, reason, the check that failed, checks that passed before it failed, checks never reached)
+FAILED_CHECKS = {
+    "trivial_at_a": (game("self.easy = True", SEVEN), "trivial", "not_trivial", ["step_types", "reward_range"],
+                     ["reset_other"]),
+    "trivial_at_b_only": (game(f"self.easy = seed == {B}", SEVEN), "trivial", "not_trivial",
+                          ["step_types", "reward_range"], ["reset_other", "deterministic"]),
+    "reward_50": (game("self.easy = False", "'...', 50.0, False, False, {}"), "reward_range", "reward_range",
+                  ["step_types"], ["not_trivial"]),
+    "solution_raises": (game("self.easy = False", SEVEN, "1 / 0"), "unsolvable", "solvable", ["reset_other"],
+                        ["deterministic"]),
+    "seed_decides_at_turn_2": (game("self.easy = False", "'...', float(self.n >= 2), self.n >= 2, False, {}",
+                                    '"\\\\boxed{1} \\\\boxed{1}"'), "trivial", "fair_game", ["solvable"], []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAILED_CHECKS))
+def test_the_check_that_failed_is_the_one_the_reason_names_not_the_first_left_unmarked(name):
+    """A game trivial only at the second validation seed failed `not_trivial` (its probes passed at the first),
+    not `reset_other`; a reward out of range fails `reward_range`, its types having passed; the fair-game guard's
+    `trivial` is `fair_game`'s; solution() raising fails `solvable` with determinism never reached."""
+    code, reason, failed, passed, not_reached = FAILED_CHECKS[name]
+    verdict = envs.validate(code, LIMITS)
+    assert (verdict.reason, verdict.failed) == (reason, failed), verdict
+    assert verdict.checks[failed] is False and all(verdict.checks[c] is True for c in passed), verdict.checks
+    assert all(verdict.checks[c] is False for c in not_reached), verdict.checks
