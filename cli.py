@@ -455,11 +455,16 @@ def read_file(path: str, limit: int = 1_000_000, flag: str = "") -> bytes:
     p, where = Path(path), f"{flag}: {path}" if flag else path
     if p.is_dir():
         raise InputError(f"{where} is a directory, not a file")
-    if not p.is_file():
+    if not p.exists():
         raise InputError(f"{where}: no such file")
-    if p.stat().st_size > limit:
-        raise InputError(f"{where}: larger than {limit // 1_000_000} MB")
-    return p.read_bytes()
+    if not p.is_file():   # /dev/null, a fifo
+        raise InputError(f"{where} is not a regular file")
+    try:
+        if p.stat().st_size > limit:
+            raise InputError(f"{where}: larger than {limit // 1_000_000} MB")
+        return p.read_bytes()
+    except OSError as err:   # unreadable: permissions, /proc/self/mem
+        raise InputError(f"{where} cannot be read ({err.strerror or err})") from None
 
 
 def verdict_json(verdict: envs.Verdict) -> dict:
@@ -890,6 +895,8 @@ def cmd_report(run_dir: str) -> int:
         index, steps = report.report_and_steps(Path(run_dir))
     except FileNotFoundError as err:
         raise InputError(str(err)) from None
+    except OSError as err:   # report/ is a file, the run directory is read-only, the disk is full
+        raise InputError(f"{run_dir}: the report cannot be written ({err.strerror or err}: {err.filename})") from None
     if not steps:
         print(f"{run_dir}: no completed steps yet; wrote a placeholder page")
     print(f"report: {index}")

@@ -284,6 +284,15 @@ def test_score_of_a_missing_file_says_no_such_file(tmp_path, capsys):
     assert one_error_line(capsys).endswith("nosuch.json: no such file")
 
 
+@pytest.mark.parametrize("path,said", [("/dev/null", "/dev/null is not a regular file"),
+                                       ("/proc/self/mem", "/proc/self/mem cannot be read (Input/output error)")])
+def test_validate_of_a_file_that_is_not_a_readable_regular_file_is_one_line(path, said, capsys):
+    """/dev/null said "no such file"; /proc/self/mem (a regular file that stat calls empty) was an OSError
+    traceback."""
+    assert cli.main(["validate", path]) == 2
+    assert one_error_line(capsys).endswith(said)
+
+
 def test_ctrl_c_during_train_names_the_real_run_directory(tmp_path, monkeypatch, capsys):
     """A run started without --out: the message names the directory it writes (runs/<date>-<time>)."""
     def interrupted_train(cfg):

@@ -71,6 +71,15 @@ def test_index_links_every_figure_with_data_and_each_is_a_valid_png(run_dir):
     assert matplotlib.image.imread(run_dir / "report" / "returns.png").shape[2] in (3, 4)
 
 
+def test_a_report_that_cannot_be_written_is_one_line(run_dir, capsys):
+    """RUN/report a file (or the run read-only) was a FileExistsError traceback."""
+    (run_dir / "report").write_text("my notes")
+    assert cli.main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("spade-mini: error: ") and "report cannot be written" in err[0], err
+    assert (run_dir / "report").read_text() == "my notes"
+
+
 def test_links_are_relative_so_the_report_is_self_contained(run_dir):
     page = report.write_report(run_dir).read_text()
     assert "http" not in page and str(run_dir) not in page
