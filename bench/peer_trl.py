@@ -51,6 +51,7 @@ padding) per second of update. Printed as `name: spade-mini | trl | trl/spade-mi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -162,6 +163,9 @@ def trl_arm(cfg, seen_files: list[Path], adapter_dir: Path, micro_batch: int) ->
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+    # transformers 5.25 renamed gradient_checkpointing (a deprecated alias now, a FutureWarning); 5.24 has the old name
+    checkpointing = next(name for name in ("activation_checkpointing", "gradient_checkpointing")
+                         if name in {f.name for f in dataclasses.fields(GRPOConfig)})
 
     t0 = time.time()
     rss = PeakRSS().__enter__()
@@ -220,9 +224,9 @@ def trl_arm(cfg, seen_files: list[Path], adapter_dir: Path, micro_batch: int) ->
         num_generations=cfg.plays, num_iterations=1, temperature=cfg.temperature, top_p=cfg.top_p,
         top_k=cfg.top_k, max_completion_length=cfg.agent_max_episode_tokens, beta=0.0, epsilon=cfg.clip_low,
         epsilon_high=cfg.clip_high, loss_type="grpo", scale_rewards="group", shuffle_dataset=False,
-        gradient_checkpointing=cfg.gradient_checkpointing, bf16=bf16, use_cpu=model.device.type == "cpu",
+        bf16=bf16, use_cpu=model.device.type == "cpu",
         seed=cfg.seed, data_seed=cfg.seed, logging_steps=1, save_strategy="no", report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0)
+        disable_tqdm=True, dataloader_num_workers=0, **{checkpointing: cfg.gradient_checkpointing})
     dataset = Dataset.from_dict({"prompt": names[: cfg.envs_per_step]})
 
     class Steps(TrainerCallback):
