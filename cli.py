@@ -764,7 +764,7 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     source.add_argument("--run", default="", help="a run directory: evaluate its latest checkpoint")
     p.add_argument("--suite", default="reasoning_gym", choices=("reasoning_gym", "bfcl"),
                    help="reasoning_gym (4 categories) or bfcl (BFCL v4 multi-turn base, from the bfcl-eval package)")
-    p.add_argument("--limit", type=int, default=20, help="items PER CATEGORY (4 categories: 4 x limit items)")
+    p.add_argument("--limit", type=int, default=20, help="reasoning_gym: items PER CATEGORY (4 categories: 4 x limit items); bfcl: items in all")
     p.add_argument("--seed", type=int, default=0, help="seed of the item set and of the pool's episodes")
     p.add_argument("--max-new-tokens", type=int, default=0,
                    help="tokens per answer / per agent turn (0: twice the preset's agent_max_new_tokens, min 128)")
@@ -823,7 +823,7 @@ def eval_source(args: argparse.Namespace) -> tuple[str, Path | None, dict]:
     check_bundled(name, args.cache_dir)
     print(f"eval: loading {name}{f' with the adapter {adapter}' if adapter else ''}", file=sys.stderr, flush=True)
     import evaluate   # torch: after every check above
-    if not args.max_new_tokens:  # the preset knows how long its model's answers run (tiny: 128)
+    if not args.max_new_tokens:  # the preset knows how long its model's answers run (tiny: 192)
         args.max_new_tokens = evaluate.answer_tokens(cfg.agent_max_new_tokens)
     return name, adapter, kwargs
 

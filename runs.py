@@ -88,7 +88,7 @@ class Config:
     generate_bf16: str = "off"          # CPU: design, hints, play from bf16 weight copies: auto (bf16 measured faster) | on | off
     # rewards
     designer_reward: str = "regret"     # regret | blend | solve_rate | learning_potential | regret_based
-    timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an environment whose play hangs
+    timeout_penalty: float = regret.HANG_PENALTY  # designer reward of an env whose play hangs at its window's step 0
     invalid_samples: bool = False       # opt-in: a rejected program is a designer sample too (paper: none)
     invalid_reward: float = regret.INVALID_REWARD  # its designer reward, centred with its skill's valid ones
     fair_games: bool = True             # a designed game's solution() must replay, beat probes, vary by seed (dep. 29)
