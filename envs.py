@@ -17,7 +17,6 @@ The tool-use setting (`setting="tool_use"`) keeps that contract and adds `self.t
 run in the sandbox (parse_tool_calls, check_tool_call), its `<answer>` goes to `step`; `solution()` lists the
 tool calls and ends with the answer.
 """
-import ast
 import dataclasses
 import hashlib
 import json

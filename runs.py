@@ -747,6 +747,44 @@ def log_samples(run: Run, step: int, window, live: list, first: bool, window_rec
                             failure=ep.failure, transcript=ep.transcript))
 
 
+class LineProgress:
+    """The step's progress where stderr is not a terminal (`train > train.log 2>&1`): a line for each minute a phase
+    runs (a quick phase writes none), where tqdm's redraws (a carriage return every 2 s) pile up into one line of
+    the log that grows for the whole phase. Takes the calls a tqdm bar takes here."""
+    disable = False
+
+    def __init__(self, desc: str, total: int, file, every: float = 60.0):
+        self.desc, self.total, self.file, self.every, self.n = desc, total, file, every, 0
+        self.start, self.last = time.monotonic(), ("", -math.inf)
+
+    def set_postfix_str(self, text: str) -> None:
+        now, name = time.monotonic(), text.split(",")[0]
+        if name != self.last[0]:   # a phase starts: its first line comes a minute on
+            self.last = (name, now)
+        if now - self.last[1] < self.every:
+            return
+        self.last, elapsed = (name, now), int(now - self.start)
+        print(f"{self.desc}: phase {self.n}/{self.total} {text} [{elapsed // 60:02d}:{elapsed % 60:02d}]",
+              file=self.file, flush=True)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        pass
+
+
+def step_bar(step: int, shown: bool, file=None):
+    """The step's progress: phases done, no ETA (the phases take very different times, so tqdm's estimate would
+    mislead); a tqdm bar on a terminal, LineProgress into a log, nothing where not `shown` (torchrun's ranks > 0)."""
+    file = file or sys.stderr
+    if shown and not file.isatty():
+        return LineProgress(f"step {step}", 5, file)
+    from tqdm import tqdm
+    return tqdm(total=5, desc=f"step {step}", leave=False, file=file, disable=not shown,
+                bar_format="{desc}: phase {n}/{total} {postfix} [{elapsed}]")
+
+
 @contextlib.contextmanager
 def ticking(bar, name: str, tokens_sampled, every: float = 2.0):
     """While a phase runs, the step's progress bar (tqdm) shows the phase, the tokens sampled in it so far

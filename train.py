@@ -20,13 +20,11 @@ import json
 import random
 import re
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 import envs
 import evaluate
@@ -451,9 +449,7 @@ def self_play_step(st: State, step: int) -> dict:
     its last; play and the agent's update run every step."""
     cfg, clock, t0, window_records = st.cfg, {}, time.time(), []
     first = st.window is None
-    # note: phases done, no ETA (the phases take very different times, so tqdm's estimate would mislead)
-    bar = tqdm(total=5, desc=f"step {step}", leave=False, file=sys.stderr, disable=not models.is_main(),
-               bar_format="{desc}: phase {n}/{total} {postfix} [{elapsed}]")
+    bar = runs.step_bar(step, models.is_main())   # tqdm on a terminal, a line a minute into a log
 
     # 1-3. at a window's first step: design environments and validate them in the sandbox (or take a pool's)
     with phase(bar, clock, "design"):

@@ -393,6 +393,26 @@ def test_a_phase_shows_tokens_sampled_and_elapsed_time_while_it_runs():
     assert not any(t.name == "progress-design" for t in threading.enumerate())   # the ticker stopped with the phase
 
 
+def test_into_a_log_the_step_shows_a_line_per_phase_and_a_minute_not_carriage_returns(monkeypatch):
+    """`train > train.log 2>&1`: tqdm redrew every 2 s with a carriage return, one ever-growing line a phase."""
+    import io
+    clock = [0.0]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    bar, sampled = runs.step_bar(3, True, file=out), [0]
+    for name, seconds in (("design", 150), ("hint", 10)):
+        with runs.ticking(bar, name, lambda: sampled[0], every=3600):   # the ticker never fires: driven by hand
+            for _ in range(seconds // 2):
+                clock[0] += 2
+                sampled[0] += 10
+                bar.set_postfix_str(f"{name}, {sampled[0]:,} tokens sampled")
+        bar.update()
+    lines = out.getvalue().splitlines()   # a line a minute of design; the 10 s of hints none
+    assert "\r" not in out.getvalue() and lines == ["step 3: phase 0/5 design, 300 tokens sampled [01:00]",
+                                                     "step 3: phase 0/5 design, 600 tokens sampled [02:00]"], lines
+    assert not isinstance(runs.step_bar(3, False, file=out), runs.LineProgress)   # torchrun's other ranks: silent
+
+
 def test_generate_counts_the_tokens_it_samples(tmp_path):
     import models
     model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
