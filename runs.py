@@ -662,7 +662,8 @@ def step_metrics(step: int, window, live: list, first: bool, last: bool, extra: 
         "designer/reward_mean": _mean(e.scores["designer_reward"] for e in designed) if designed else None,
         "env/count": len(live),
         "env/hung": sum(e.hung for e in live),
-        "env/regret": _mean(h - _mean(e.unhinted[0]) for h, e in zip(r_hint, at_first)) if at_first else None,
+        "env/regret": _mean(regret.hint_regret(h, _mean(e.unhinted[0])) for h, e in zip(r_hint, at_first))
+        if at_first else None,   # the regret the window's score gives each (samples.jsonl), over these
         "agent/return_nohint": _mean(_mean(e.unhinted[-1]) for e in scored) if scored else None,
         "agent/return_hint": _mean(r_hint) if at_first else None,
         "agent/win_rate": _mean(_mean(r > 0 for r in e.unhinted[-1]) for e in scored) if scored else None,

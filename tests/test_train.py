@@ -75,6 +75,8 @@ def recomputed(run: Path, step: int) -> dict:
     scored = [e for e in given if e["hung_step"] is None]
     hinted = [e for e in scored if e["hinted"]]   # with no hinted plays there is no R_hint (None)
     r_hint = [mean(e["hinted"]) for e in hinted]
+    # each environment's regret as the window's score (regret.score_window) gave it: the metric is their mean
+    scored_regret = {id(e): out["regret"] for w in windows for e, out in zip(w["input"]["envs"], w["output"]["envs"])}
     trained = sum(sum(e["trained"][-1]) for w in windows for e, out in zip(w["input"]["envs"], w["output"]["envs"])
                   if any(out["agent_advantages"][-1]))   # a hung environment's surviving plays train too
     rejections: dict[str, int] = {}
@@ -87,7 +89,7 @@ def recomputed(run: Path, step: int) -> dict:
             "env/count": len(given), "env/hung": sum(e["hung_step"] is not None for e in given),
             "agent/return_nohint": mean(mean(e["unhinted"][-1]) for e in scored),
             "agent/return_hint": mean(r_hint) if r_hint else None,
-            "env/regret": mean(h - mean(e["unhinted"][0]) for h, e in zip(r_hint, hinted)) if r_hint else None,
+            "env/regret": mean(scored_regret[id(e)] for e in hinted) if r_hint else None,
             "agent/win_rate": mean(mean(r > 0 for r in e["unhinted"][-1]) for e in scored),
             "loss/samples_agent": trained}
 
