@@ -393,8 +393,7 @@ def mismatch(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch
 def sampled_logprobs(model, rows: list, *, temperature: float, token_budget: int, pad_id: int,
                      chunk_size: int = 512, bf16: bool = False) -> list[list[float]]:
     """The current weights' log-probs (T,) of each (token_ids, loss_mask) row (0 where the mask is 0), in eval
-    mode (no dropout, as when sampled) with the update's own token_logprobs: taken right after sampling they are
-    the sampling policy's (a designer sample's TIS denominator); before a step, pi_old."""
+    mode (no dropout, as when sampled) with the update's own token_logprobs: before a step, pi_old."""
     out: list = [None] * len(rows)
     model.eval()
     with torch.no_grad(), models.autocast(bf16, model), models.bf16_head(model, bf16):   # the update's LM head

@@ -74,8 +74,7 @@ class Design:
     text: str
     code: str | None
     verdict: envs.Verdict
-    logprobs: list | None = None        # samples (R > 1): the sampling policy's log-probs of completion_ids (TIS)
-    rollout_logprobs: list | None = None  # samples: what the sampler recorded for them (the mismatch metric)
+    rollout_logprobs: list | None = None  # samples: what the sampler recorded for completion_ids (TIS: pi_sampling)
     advantage: float = 0.0              # rejected ones under --invalid-samples: score_window's designer advantage
 
 
@@ -118,7 +117,8 @@ class Window:
 
     @classmethod
     def from_json(cls, d: dict) -> "Window":
-        attempts = [Design(**{**a, "verdict": envs.Verdict.from_json(a["verdict"])}) for a in d["attempts"]]
+        attempts = [Design(**{**{k: v for k, v in a.items() if k != "logprobs"},   # an older run's recompute
+                              "verdict": envs.Verdict.from_json(a["verdict"])}) for a in d["attempts"]]
         played = [PlayedEnv(**{**e, "design": None if e["design"] is None else attempts[e["design"]]})
                   for e in d["envs"]]
         return cls(d["start"], d["length"], d["skills"], attempts, played)
@@ -178,9 +178,6 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
     each rank designs its share of the slots, and every rank returns all the attempts."""
     cfg, attempts, filled = st.cfg, [], set()
     use_memory = not (cfg.no_memory or cfg.no_designer_training)
-    # trained R - 1 updates later: TIS needs the sampling policy's log-probs (rejected ones' too, if samples);
-    # in a window of one step pi_old is that policy, scored by the update (unless at --logprob-temperature)
-    stale = min(cfg.regen_interval, cfg.steps - step) > 1 or cfg.logprob_temperature not in (0, cfg.temperature)
     for attempt in range(cfg.design_attempts):
         slots = [g for g in models.my_share(range(cfg.envs_per_step)) if g not in filled]
         if not slots:
@@ -208,17 +205,11 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         verdicts = evaluate.reject_copies(codes, envs.validate_many(codes, limits_of(cfg), cfg.max_turns, cfg.setting,
                                                                     seeds, cfg.fair_games),
                                           shown, cfg.max_turns, limits_of(cfg), cfg.setting)   # no repeat of an example
-        sampled = [o for o, v in zip(outs, verdicts) if stale and (v.valid or cfg.invalid_samples)]
-        logprobs = iter(spade_mini.sampled_logprobs(st.model, [(o.prompt_ids + o.completion_ids, [0] * len(
-            o.prompt_ids) + [1] * len(o.completion_ids)) for o in sampled], temperature=cfg.temperature,
-            token_budget=cfg.token_budget, pad_id=st.tok.pad_token_id or 0,
-            bf16=models.bf16_autocast(cfg.train_bf16, st.model)))
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
-            sample = verdict.valid or cfg.invalid_samples
+            # trained R - 1 updates later: TIS weighs it by pi_old over what the sampler recorded (as the agent's)
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]), out.prompt_ids,
                                    out.completion_ids, out.text, code, verdict,
-                                   next(logprobs)[len(out.prompt_ids):] if sample and stale else None,
-                                   out.logprobs if sample else None))
+                                   out.logprobs if verdict.valid or cfg.invalid_samples else None))
             if verdict.valid:
                 filled.add(g)
     return sorted(sum(models.gather(attempts, "the designs"), []), key=lambda d: (d.attempt, d.slot))
@@ -397,15 +388,15 @@ def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
 
 def designer_samples(cfg: Config, window: Window) -> list:
     """Phase 8a, at the window's last step: one sample per designed environment with score_window's advantage
-    (and per rejected program under --invalid-samples), carrying the log-probs it was sampled with (R - 1
-    updates ago: the update's TIS weight corrects for it)."""
+    (and per rejected program under --invalid-samples), carrying what the sampler recorded as it drew it, R - 1
+    updates ago: the update's TIS weight corrects for both the staleness and the sampler/trainer mismatch."""
     if cfg.no_designer_training:
         return []
     scored = [(e.design, e.scores["designer_advantage"]) for e in window.envs if e.design is not None]
     scored += [(d, d.advantage) for d in window.attempts if not d.verdict.valid]
     return [spade_mini.Sample(d.prompt_ids + d.completion_ids, [0] * len(d.prompt_ids) + [1] * len(d.completion_ids),
-                              advantage, "designer", d.logprobs and [0.0] * len(d.prompt_ids) + d.logprobs,
-                              d.rollout_logprobs and [0.0] * len(d.prompt_ids) + d.rollout_logprobs)
+                              advantage, "designer", *[d.rollout_logprobs and [0.0] * len(d.prompt_ids)
+                                                       + d.rollout_logprobs] * 2)
             for d, advantage in scored if advantage != 0 and d.completion_ids]
 
 

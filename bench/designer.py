@@ -59,7 +59,7 @@ def main() -> None:
     cfg = runs.Config(model=args.model, envs_per_step=args.slots, design_attempts=1, doc_words=args.doc_words,
                       designer_max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       max_turns=3, generate_bf16=args.generate_bf16,
-                      regen_interval=1)   # a window of one step: no sampling log-probs (only the programs are measured)
+                      regen_interval=1)   # a window of one step: only the programs are measured
     t0 = time.time()
     model, tok, _ = models.load_model(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                                       quantize="none", gradient_checkpointing=False, cache_dir=cfg.cache_dir,

@@ -115,8 +115,11 @@ class ScriptedDesigner:
         window0 = len(self.designer_prompts) <= 2
         first, second = (PARITY_ENV, THIRDS_ENV) if window0 else (ODD_EVEN_ENV, SEED_ENV)   # window 0, window 2
         script = [answer(first), answer(INVALID)] if len(prompts) == 2 else [answer(second)]
-        return [models.Completion(p, tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id], a, True)
-                for p, a in zip(prompts, script)]
+        rows = [(p, tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]) for p, a in zip(prompts, script)]
+        # the sampler's record (models.Sampler) of these tokens: the model's log-probs at the sampling temperature
+        recorded = sm.sampled_logprobs(model, [(p + c, [0] * len(p) + [1] * len(c)) for p, c in rows],
+                                       temperature=kw["temperature"], token_budget=4096, pad_id=tok.pad_token_id or 0)
+        return [models.Completion(p, c, a, True, lp[len(p):]) for (p, c), a, lp in zip(rows, script, recorded)]
 
     def update(self, model, optimizer, samples, **kw):
         self.updates.append(list(samples))
@@ -381,11 +384,10 @@ def test_the_loop_trains_a_rejected_program_with_the_log_probs_it_was_sampled_wi
     assert all((lp < 0) == bool(m) for lp, m in zip(broken.sampling_logprobs[1:], broken.loss_mask[1:]))
 
 
-def test_at_a_window_of_one_step_design_scores_no_log_probs_and_the_update_is_the_same(tmp_path):
-    """R = 1: the designer's samples are trained at the step that sampled them, so pi_old is the sampling policy
-    and design() computes no sampling log-probs (a forward of every program: ~40 s a program for the 1.5B
-    preset on a 2-core CPU). The update then weighs them by w = 1 itself; fed the log-probs design() would have computed, it
-    gives the same loss and gradient."""
+def test_at_a_window_of_one_step_the_samplers_record_weighs_a_designer_sample_by_one(tmp_path):
+    """R = 1: the designer's samples are trained at the step that sampled them, so pi_old is the sampling policy;
+    they carry the sampler's record (no forward of every program: ~40 s a program for the 1.5B preset on a
+    2-core CPU), and in fp32 the update gives the loss and gradient it gives with pi_old as the denominator."""
     out = tmp_path / "run"
     args = ARGS[:ARGS.index("--regen-interval")] + ["--regen-interval", "1", "--steps", "1", "--designer-reward",
                                                     "blend", "--train-bf16", "off", "--no-play-guard"]
@@ -393,13 +395,12 @@ def test_at_a_window_of_one_step_design_scores_no_log_probs_and_the_update_is_th
         designer = ScriptedDesigner(mp)
         assert cli.main(["train", *args, "--invalid-samples", "--out", str(out)]) == 0
     samples = [s for s in designer.updates[0] if s.role == "designer"]
-    assert samples and all(s.sampling_logprobs is None for s in samples)   # the stand-in records no rollout ones
+    assert samples and all(s.sampling_logprobs == s.rollout_logprobs and len(s.rollout_logprobs) == len(s.token_ids)
+                           for s in samples)
     model, _, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.0, quantize="none",
                                     gradient_checkpointing=False, cache_dir="~/.cache/spade-mini", seed=0)
-    scored = sm.sampled_logprobs(model, [(s.token_ids, s.loss_mask) for s in samples], temperature=0.7,
-                                 token_budget=4096, pad_id=0)
     results = []
-    for given in (None, scored):
+    for given in (None, [s.sampling_logprobs for s in samples]):
         batch = [sm.Sample(s.token_ids, s.loss_mask, s.advantage, "designer", g) for s, g in
                  zip(samples, given or [None] * len(samples))]
         model.zero_grad()
@@ -411,8 +412,8 @@ def test_at_a_window_of_one_step_design_scores_no_log_probs_and_the_update_is_th
 
 def test_at_a_window_of_one_step_log_probs_are_still_scored_for_another_logprob_temperature(tmp_path):
     """--logprob-temperature 1.0 with sampling at 0.7: the update scores pi_old at 1.0, so a designer sample
-    needs the sampling policy's log-probs (at 0.7) even in a window of one step, or its TIS weight would be 1
-    where the agent's is not."""
+    needs the sampling policy's log-probs (the sampler's record, at 0.7) in a window of one step too, or its TIS
+    weight would be 1 where the agent's is not."""
     out = tmp_path / "run"
     args = ARGS[:ARGS.index("--regen-interval")] + ["--regen-interval", "1", "--steps", "1", "--designer-reward",
                                                     "blend", "--train-bf16", "off", "--no-play-guard"]

@@ -664,9 +664,8 @@ def test_the_bf16_head_keeps_fp32_logits_nearer_the_fp32_head_than_bf16_logits(t
 
 @pytest.mark.skipif(not models.native_bf16_cpu(), reason="the lever is off without native bf16")
 def test_a_sample_s_sampling_logprobs_are_taken_with_the_update_s_head(tiny_model):
-    """A designer sample's TIS denominator (sampled_logprobs, taken right after sampling, outside the update) is
-    computed as the update's pi_old is, inside models.update_levers: the same log-probs bit for bit, so the TIS
-    ratio carries no difference of LM-head precision."""
+    """sampled_logprobs outside the update (bench/bf16_update.py scores samples so) is computed as the update's
+    pi_old is, inside models.update_levers: the same log-probs bit for bit, no difference of LM-head precision."""
     model, _ = tiny_model
     rows = [(list(range(20, 60)), [0] * 10 + [1] * 30)]
     kw = dict(temperature=0.7, token_budget=4096, pad_id=0, bf16=True)

@@ -175,7 +175,6 @@ def test_the_document_is_cut_once_to_doc_words_keeping_line_breaks(monkeypatch):
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [models.Completion(p, [2], "no code", True)
                                                                         for p in prompts])
     cfg = runs.Config(doc_words=6500, envs_per_step=1, design_attempts=1)
-    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: [[0.0] * len(ids) for ids, _ in rows])
     st = SimpleNamespace(cfg=cfg, corpus=["\n".join(lines)], memory=envs.Memory("/nonexistent/m.json"),
                          tok=SimpleNamespace(pad_token_id=0), model=None)
     train.design(st, 0, ["Optimization"])
@@ -303,7 +302,6 @@ def test_the_designer_and_the_hints_read_only_what_follows_the_thinking(monkeypa
     monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1 if "Designer" in text else 2])
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
         models.Completion(p, [3], answers["designer" if p == [1] else "hint"], True) for p in prompts])
-    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: [[0.0] * len(ids) for ids, _ in rows])
     # fair_games off: PlainEnv's answer is a constant, which the fair-game guard refuses (fixed_answer)
     st = SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, thinking=True, fair_games=False),
                          corpus=["a doc"],
@@ -553,12 +551,11 @@ def test_the_memory_bands_an_environment_by_its_first_steps_win_rate(tmp_path):
 
 
 def designer_state(monkeypatch, code: str, temperature: float, seen: dict, memory=None):
-    """A SimpleNamespace State whose designer writes `code`; sampled_logprobs records its temperature."""
+    """A SimpleNamespace State whose designer writes `code` (one token, 3, which the sampler recorded at -0.25);
+    `seen` gets generate's keywords."""
     monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1])
-    monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
-        models.Completion(p, [3], "```python\n" + code + "\n```", True) for p in prompts])
-    monkeypatch.setattr(sm, "sampled_logprobs", lambda model, rows, **kw: seen.update(kw) or [
-        [0.0] * len(ids) for ids, _ in rows])
+    monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: seen.update(kw) or [
+        models.Completion(p, [3], "```python\n" + code + "\n```", True, [-0.25]) for p in prompts])
     # fair_games off: NO_KEYWORD_ENV's answer is a constant, which the fair-game guard refuses (fixed_answer)
     return SimpleNamespace(cfg=runs.Config(envs_per_step=1, design_attempts=1, temperature=temperature,
                                            fair_games=False),
@@ -566,11 +563,18 @@ def designer_state(monkeypatch, code: str, temperature: float, seen: dict, memor
                            tok=SimpleNamespace(pad_token_id=0), model=None)
 
 
-def test_a_designers_sampling_logprobs_are_taken_at_the_sampling_temperature(monkeypatch):
-    """The TIS denominator is the policy that sampled: at --temperature 0.6, not 1.0."""
+def test_a_designers_tis_denominator_is_what_the_sampler_recorded_at_the_sampling_temperature(monkeypatch):
+    """The TIS denominator is the policy that sampled, as the sampler recorded it (SPADE_METHOD.md: stored at
+    sampling time, so the weight absorbs the generation engine's mismatch too), at --temperature 0.6, not 1.0;
+    a recompute by the trainer right after sampling (the old way) saw only the staleness."""
     seen = {}
-    (attempt,) = train.design(designer_state(monkeypatch, NO_KEYWORD_ENV, 0.6, seen), 0, ["Optimization"])
-    assert attempt.verdict.valid and seen["temperature"] == 0.6
+    st = designer_state(monkeypatch, NO_KEYWORD_ENV, 0.6, seen)
+    monkeypatch.setattr(sm, "sampled_logprobs", lambda *args, **kw: pytest.fail("no recompute: the record is it"))
+    (attempt,) = train.design(st, 0, ["Optimization"])
+    assert attempt.verdict.valid and seen["temperature"] == 0.6 and attempt.rollout_logprobs == [-0.25]
+    env = SimpleNamespace(design=attempt, scores={"designer_advantage": 1.5})
+    (sample,) = train.designer_samples(st.cfg, SimpleNamespace(envs=[env], attempts=[attempt]))
+    assert sample.sampling_logprobs == sample.rollout_logprobs == [0.0, -0.25] and sample.advantage == 1.5
 
 
 def test_a_copy_of_a_memory_example_the_prompt_showed_is_rejected(monkeypatch, tmp_path):
@@ -597,8 +601,9 @@ def test_the_kl_term_is_clamped_at_10_and_not_weighted_by_tis():
 
 
 def test_pi_old_is_taken_with_dropout_off_so_a_fresh_designer_sample_has_tis_weight_1():
-    """--lora-dropout 0.3: a designer sample's sampling log-probs are taken in eval mode right after sampling; an
-    update with no step between must weigh it by exactly 1 (pi_old = pi_sampling). pi_old from the
+    """--lora-dropout 0.3: a fresh sample's sampling log-probs are eval-mode ones (the sampler draws with dropout
+    off; here the trainer's function in eval mode stands in for its record); an update with no step between must
+    weigh it by exactly 1 (pi_old = pi_sampling). pi_old from the
     train-mode forward (dropout on) made it noise: a mean ratio of 2,733 here (1.40 in the audit's run)."""
     import torch
     model, tok, _ = models.load_model("tiny-random", lora_r=4, lora_alpha=8, lora_dropout=0.3, quantize="none",

@@ -15,6 +15,7 @@ import evaluate
 import envs
 import models
 import runs
+import train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -341,7 +342,6 @@ def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_window
     """--preset cpu-1.5b: the 1.5B coder in both roles, checkpointing on, bf16 decode where native; each window
     asks 4 skills, 2 slots each (a skill's designer group needs two programs of different regret to get a
     gradient: regret.designer_advantages centres per skill), and two windows cover all six skills."""
-    import train
     cfg = cli.config_from_args({"preset": "cpu-1.5b"})
     assert cfg.model == "qwen2.5-coder-1.5b" and cfg.gradient_checkpointing and cfg.generate_bf16 == "auto"
     assert cfg.regen_interval == 1 and cfg.design_attempts == 1 and cfg.quantize == "auto"
@@ -353,7 +353,6 @@ def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_window
     monkeypatch.setattr(models, "chat_ids", lambda tok, text, thinking=False: [1])
     monkeypatch.setattr(models, "generate", lambda model, tok, prompts, **kw: [
         models.Completion(p, [3], "no code", True) for p in prompts])
-    monkeypatch.setattr(train.spade_mini, "sampled_logprobs", lambda model, rows, **kw: [None] * len(rows))
     asked, prompt = [], envs.designer_prompt
     monkeypatch.setattr(envs, "designer_prompt", lambda skill, *args: asked.append(skill) or prompt(skill, *args))
     st = SimpleNamespace(cfg=cfg, corpus=["a doc"], memory=envs.Memory("/nonexistent/m.json"),
@@ -366,3 +365,17 @@ def test_the_cpu_preset_gives_each_skill_two_slots_and_every_skill_in_two_window
         seen += slots
     assert set(seen) == set(envs.skills_of("games"))
     assert cli.config_from_args({"preset": "cpu-1.5b", "envs_per_step": 2}).envs_per_step == 2   # flags override
+
+
+def test_an_open_window_saved_with_the_older_recomputed_log_probs_resumes():
+    """A checkpoint's state.json written before designer samples took the sampler's record holds each attempt's
+    `logprobs` (the trainer's recompute): the window still loads, and its samples weigh by the sampler's record."""
+    design = train.Design(0, 0, "Optimization", "", [1, 2], [3], "text", "code", envs.Verdict(True, "ok", "AEnv"),
+                          [-0.5])
+    env = train.PlayedEnv("env_00000_00", "Optimization", "code", design, hint="hint")
+    saved = train.Window(0, 2, ["Optimization"], [design], [env]).to_json()
+    saved["attempts"][0]["logprobs"] = [-0.4]
+    window = train.Window.from_json(json.loads(json.dumps(saved)))
+    window.envs[0].scores = {"designer_advantage": 1.0}
+    (sample,) = train.designer_samples(runs.Config(), window)
+    assert sample.sampling_logprobs == [0.0, 0.0, -0.5] and sample.token_ids == [1, 2, 3]
