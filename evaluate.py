@@ -178,12 +178,12 @@ def pool_win_rate(model, tok, folder: str | Path, *, plays: int = 4, seed: int =
     episodes = spade_mini.play(model, tok, specs, max_turns=max_turns, max_new_tokens=max_new_tokens,
                                max_episode_tokens=max_episode_tokens, temperature=0.0, top_p=1.0, top_k=0,
                                seed=seed, limits=limits, setting=setting) if specs else []
-    wins: dict[str, list[float]] = {}
+    returns: dict[str, list[float]] = {}
     for ep in episodes:
-        wins.setdefault(ep.spec.key[0], []).append(float(ep.episode_return > 0))
-    return {"pool_win_rate": sum(float(ep.episode_return > 0) for ep in episodes) / len(episodes) if episodes else None,
+        returns.setdefault(ep.spec.key[0], []).append(ep.episode_return)
+    return {"pool_win_rate": regret.win_rate([ep.episode_return for ep in episodes]) if episodes else None,
             "pool_return": sum(ep.episode_return for ep in episodes) / len(episodes) if episodes else None,
-            "pool_envs": {name: sum(w) / len(w) for name, w in wins.items()}, "pool_skipped": skipped,
+            "pool_envs": {name: regret.win_rate(r) for name, r in returns.items()}, "pool_skipped": skipped,
             "pool_s": round(time.time() - t0, 2)}
 
 
@@ -821,8 +821,7 @@ def zero_variance_fraction(groups: list[list[float]]) -> float:
     """
     if not groups:
         return 0.0
-    flat = sum(1 for g in groups if len(g) == 0 or max(g) - min(g) <= 1e-12)
-    return flat / len(groups)
+    return sum(map(regret.tied, groups)) / len(groups)
 
 
 # -----------------------------------------------------------------------------------------------------------

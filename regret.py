@@ -36,6 +36,16 @@ def hint_regret(r_hint: float, r_nohint: float) -> float:
     return float(r_hint) - float(r_nohint)
 
 
+def win_rate(returns: list[float]) -> float:
+    """Share of plays with return > 0, a win (0 for none; hand-computed cases in tests/test_regret.py)."""
+    return _mean([float(r > 0) for r in returns])
+
+
+def tied(group: list[float]) -> bool:
+    """Fewer than two returns, or all equal (to 1e-12): a group with no gradient (cases in tests/test_regret.py)."""
+    return len(group) < 2 or max(group) - min(group) <= 1e-12
+
+
 def plateau(w: float) -> float:
     """1 on [0.4, 0.6], falling linearly to 0 at 0.15 and at 0.85; 0 outside. w = mean unhinted reward.
 
@@ -143,7 +153,7 @@ def agent_advantages(returns: list[float], trained: list[bool] | None = None) ->
     if len(trained) != len(returns):
         raise ValueError(f"{len(returns)} returns but {len(trained)} trained flags")
     group = [float(r) for r, t in zip(returns, trained) if t]
-    if len(group) < 2 or max(group) - min(group) <= 1e-12:
+    if tied(group):
         return [0.0] * len(returns)   # ties carry no gradient (their share: evaluate.zero_variance_fraction)
     mu = sum(group) / len(group)
     sd = math.sqrt(sum((r - mu) ** 2 for r in group) / len(group))   # population std
@@ -229,7 +239,7 @@ def score_window(variant: str, envs: list[dict], mu_slow: dict, window: int,
                   else designer_reward(variant, r_hint, r_nohint, w, mu_new.get(e["skill"])))
         trained = e.get("trained") or [[True] * len(step) for step in e["unhinted"]]
         rows.append(dict(r_hint=r_hint, r_nohint=r_nohint, regret=hint_regret(r_hint, r_nohint), w=w,
-                         win_rate=_mean([float(r > 0) for r in first]), designer_reward=float(reward),
+                         win_rate=win_rate(first), designer_reward=float(reward),
                          agent_advantages=[agent_advantages(step, t) for step, t in zip(e["unhinted"], trained)]))
     n_first = sum(len(e["unhinted"][0]) if e["unhinted"] else 0 for e in envs)
     scale = designer_scale(n_first, window, len(envs))

@@ -666,7 +666,7 @@ def step_metrics(step: int, window, live: list, first: bool, last: bool, extra: 
         if at_first else None,   # the regret the window's score gives each (samples.jsonl), over these
         "agent/return_nohint": _mean(_mean(e.unhinted[-1]) for e in scored) if scored else None,
         "agent/return_hint": _mean(r_hint) if at_first else None,
-        "agent/win_rate": _mean(_mean(r > 0 for r in e.unhinted[-1]) for e in scored) if scored else None,
+        "agent/win_rate": _mean(regret.win_rate(e.unhinted[-1]) for e in scored) if scored else None,
         "agent/turns_mean": _mean(ep.turns for ep in episodes) if episodes else None,
         **reply_stats([ep for ep in episodes if ep.spec.hint is None]),
         "env/turns_to_solve": _mean(ep.turns for ep in solved) if solved else None,

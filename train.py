@@ -206,7 +206,6 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
                                                                     seeds, cfg.fair_games),
                                           shown, cfg.max_turns, limits_of(cfg), cfg.setting)   # no repeat of an example
         for g, doc, out, code, verdict in zip(slots, docs, outs, codes, verdicts):
-            # trained R - 1 updates later: TIS weighs it by pi_old over what the sampler recorded (as the agent's)
             attempts.append(Design(g, attempt, skills[g % len(skills)], " ".join(doc.split()[:12]), out.prompt_ids,
                                    out.completion_ids, out.text, code, verdict,
                                    out.logprobs if verdict.valid or cfg.invalid_samples else None))
@@ -316,11 +315,10 @@ def play_all(st: State, step: int, played: list[PlayedEnv], hinted: bool) -> dic
 
 
 def score(st: State, window: Window) -> list[dict]:
-    """Phase 6 at the window's last step: R_hint, R_nohint, regret, w, win rate, designer reward and advantage
-    of each environment, and the slow means, all from regret.score_window (the function `spade-mini score`
-    runs). The designer's environments and the pool/backfill ones (whose designer fields are then unused) are
-    scored as two inputs. Returns the window records for samples.jsonl (input and output, so anyone can
-    recompute them)."""
+    """Phase 6 at the window's last step: R_hint, R_nohint, regret, w, win rate, designer reward and advantage of
+    each environment, and the slow means, all from regret.score_window (the function `spade-mini score` runs). The
+    designer's environments and the pool/backfill ones (whose designer fields are then unused) are scored as two
+    inputs. Returns the window records for samples.jsonl (input and output, so anyone can recompute them)."""
     records = []
     for designed in (True, False):
         chosen = [e for e in window.envs if (e.design is not None) == designed]

@@ -41,6 +41,7 @@ import envs  # noqa: E402
 import evaluate  # noqa: E402
 import models  # noqa: E402
 import report  # noqa: E402
+import regret  # noqa: E402
 import runs  # noqa: E402
 import spade_mini  # noqa: E402
 import train  # noqa: E402
@@ -76,7 +77,7 @@ def bootstrap_ci(values: np.ndarray, rng: np.random.Generator, n: int = 10_000) 
 def arm(episodes: list, rng) -> dict:
     returns = np.array([ep.episode_return for ep in episodes], dtype=np.float64)
     return {"n": len(returns), "mean_return": round(float(returns.mean()), 4), "ci95": bootstrap_ci(returns, rng),
-            "win_rate": round(float((returns > 0).mean()), 4),
+            "win_rate": round(regret.win_rate(returns.tolist()), 4),
             **{k.split("/")[1]: (round(v, 3) if v is not None else None) for k, v in runs.reply_stats(episodes).items()}}
 
 

@@ -38,6 +38,11 @@ def test_the_golden_outputs_hold_the_hand_computed_values():
     assert kl["kl"][1] == pytest.approx(math.exp(-0.5) - 0.5) and kl["kl"][3] == 10.0   # k3 of 17, capped
     assert update["a_reply_without_sampler_log_probs"]["output"]["rollout_logprobs"] is None
     assert update["a_tied_group_has_no_gradient"]["output"]["loss"] == 0.0
+    # returns [0, 1]: mean 0.5, population std 0.5, so play 1's advantage (1 - 0.5) / (0.5 + 1e-8) = 1 - 2e-8;
+    # on policy (ratio 1, w 1) each trained token's loss is -A, and the sample's loss their mean
+    on = update["one_turn_on_policy"]["output"]
+    assert on["advantages"] == pytest.approx([-1.0, 1.0], abs=1e-7) and on["loss_mask"] == [0, 0, 0, 1, 1]
+    assert on["per_token_loss"][3:] == [-on["advantages"][1]] * 2 and on["loss"] == pytest.approx(-0.5 / (0.5 + 1e-8))
     windows = cases("windows")
     (e,) = windows["docs_worked_example"]["output"]["envs"]
     assert (e["r_hint"], e["r_nohint"], e["designer_reward"]) == (0.75, 0.25, 0.5)
@@ -46,6 +51,27 @@ def test_the_golden_outputs_hold_the_hand_computed_values():
     assert hang["scale"] == pytest.approx(10 * 2 / 3)
     lp = windows["learning_potential_with_a_prior"]["output"]
     assert [x["designer_reward"] for x in lp["envs"]] == pytest.approx([0.1825, 0.3175, 0.0])
+    # blend, R = 2, one skill: regret 0.75 - 0.25 = 0.5 (gap 0.5 / 0.15 clipped to 1) and w = 4/8 (plateau 1):
+    # 0.4 + 0.6 = 1.0; regret 0.25 - 0.25 = 0 and w = 1/8 < 0.15: 0. S = 8 first-step plays x 2 / 2 envs = 8,
+    # the skill's mean 0.5: +-0.5 x 8 = +-4; mu_A (no prior) = 5 wins of 16 plays = 0.3125
+    blend = windows["blend_two_envs_one_skill_window_2"]["output"]
+    assert [(x["designer_reward"], x["designer_advantage"]) for x in blend["envs"]] == [(1.0, 4.0), (0.0, -4.0)]
+    assert (blend["scale"], blend["mu_slow"]) == (8.0, {"A": 0.3125})
+    # regret_based: max(0, R_hint - w) = 1 - 4/8, 0.5 - 0, max(0, 0.5 - 3/4) = 0.5, 0.5, 0; A's two equal rewards
+    # centre to 0, B is alone; S = (4 + 4 + 2) x 2 / 3 = 20/3
+    based = windows["regret_based_window_2_two_skills"]["output"]
+    assert [x["designer_reward"] for x in based["envs"]] == [0.5, 0.5, 0.0] and based["scale"] == pytest.approx(20 / 3)
+    assert [x["designer_advantage"] for x in based["envs"]] == [0.0, 0.0, 0.0]
+    # solve_rate, R = 1: the caught game earns 0 (its w 0.5 would pay plateau 1), the other plateau(0.25) = 0.4;
+    # S = 8 / 2 = 4, mean 0.2: -0.8, +0.8
+    solve = windows["solve_rate_and_a_caught_game"]["output"]
+    assert [x["designer_reward"] for x in solve["envs"]] == pytest.approx([0.0, 0.4])
+    assert [x["designer_advantage"] for x in solve["envs"]] == pytest.approx([-0.8, 0.8])
+    # two rejected programs as samples (-0.5 each): S = 4 first-step plays / 3 = 4/3; skill A's mean (0.5 - 0.5) / 2
+    # = 0, so +-0.5 x 4/3; B's one is alone: 0
+    invalid = windows["invalid_programs_opt_in"]["output"]
+    assert [x["designer_reward"] for x in invalid["envs"]] == [0.5, -0.5, -0.5]
+    assert [x["designer_advantage"] for x in invalid["envs"]] == pytest.approx([2 / 3, -2 / 3, 0.0])
     assert cases("parser")["outer_pair_removed"]["output"]["action"] == r"\boxed{a}{b}"
     verdicts = {name: c["output"]["reason"] for name, c in cases("validation").items()}
     assert verdicts["nop_wins_trivial"] == "trivial" and verdicts["oracle_loses_unsolvable"] == "unsolvable"

@@ -347,3 +347,12 @@ def test_score_input_names_the_hang_step(tmp_path, capsys, entry, field):
                                                  "envs": [{"skill": "A", "unhinted": [[0, 1]], **entry}]}))
     assert cli.main(["score", str(tmp_path / "w.json")]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_win_rate_and_tied_by_hand():
+    """A win is a return > 0: of [1, 0, -1, 0.5], two (1/2); none of [] (0). A group with no gradient: one play,
+    or every return equal to 1e-12 ([0.5, 0.5 + 1e-13] is; [0, 1] is not)."""
+    assert regret.win_rate([1.0, 0.0, -1.0, 0.5]) == 0.5 and regret.win_rate([]) == 0.0
+    assert regret.win_rate([0.0, 0.0, 2.0]) == pytest.approx(1 / 3)
+    assert [regret.tied(g) for g in ([1.0], [], [0.5, 0.5 + 1e-13], [0.0, 1.0], [0.0, 0.0, 1e-9])] == \
+        [True, True, True, False, False]
