@@ -1193,3 +1193,40 @@ def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERA
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
+
+# -----------------------------------------------------------------------------------------------------------
+# 6. intervals the benches report (bench/learning.py, bench/designer_loop.py, bench/peer_trl.py): one of each
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> list[float]:
+    """The exact two-sided interval of a binomial share k/n (bisection on the binomial tail; no scipy).
+
+    >>> clopper_pearson(0, 10), clopper_pearson(5, 10)
+    ([0.0, 0.3085], [0.1871, 0.8129])
+    """
+    a = (1 - level) / 2
+
+    def tail_ge(p: float) -> float:   # P(X >= k)
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+    def solve(f, target: float) -> float:   # f increasing in p on [0, 1]
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+        return (lo + hi) / 2
+    lower = 0.0 if k == 0 else solve(tail_ge, a)
+    # P(X <= k) falls as p rises: the upper bound is where P(X >= k + 1) = tail_ge(p) - P(X = k) reaches 1 - a
+    upper = 1.0 if k == n else solve(lambda p: tail_ge(p) - math.comb(n, k) * p ** k * (1 - p) ** (n - k), 1 - a)
+    return [round(lower, 4), round(upper, 4)]
+
+
+def bootstrap_ci(values, rng: np.random.Generator, n: int = 10_000) -> list[float]:
+    """95% percentile interval of the mean of `values` by resampling them with replacement. Two values 0 and 1:
+    a resample's mean is 0, 0.5 or 1 with probability 1/4, 1/2, 1/4, so the interval is [0, 1].
+
+    >>> bootstrap_ci([0.0, 1.0], np.random.default_rng(0)), bootstrap_ci([0.3] * 5, np.random.default_rng(0))
+    ([0.0, 1.0], [0.3, 0.3])
+    """
+    values = np.asarray(values, dtype=np.float64)
+    means = values[rng.integers(0, len(values), size=(n, len(values)))].mean(axis=1)
+    return [round(float(np.percentile(means, 2.5)), 4), round(float(np.percentile(means, 97.5)), 4)]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import resource
 import shutil
 import subprocess
@@ -57,36 +56,11 @@ def parser() -> argparse.ArgumentParser:
 # -----------------------------------------------------------------------------------------------------------
 # exact intervals
 
-def clopper_pearson(k: int, n: int, level: float = 0.95) -> list[float]:
-    """The exact two-sided interval of a binomial share k/n (bisection on the binomial tail; no scipy).
-
-    >>> clopper_pearson(0, 10), clopper_pearson(5, 10)
-    ([0.0, 0.3085], [0.1871, 0.8129])
-    """
-    a = (1 - level) / 2
-
-    def tail_ge(p: float) -> float:   # P(X >= k)
-        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
-
-    def solve(f, target: float) -> float:   # f increasing in p on [0, 1]
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
-        return (lo + hi) / 2
-    lower = 0.0 if k == 0 else solve(tail_ge, a)
-    # P(X <= k) falls as p rises: the upper bound is where P(X >= k + 1) = tail_ge(p) - P(X = k) reaches 1 - a
-    upper = 1.0 if k == n else solve(lambda p: tail_ge(p) - math.comb(n, k) * p ** k * (1 - p) ** (n - k), 1 - a)
-    return [round(lower, 4), round(upper, 4)]
-
-
-def bootstrap_mean(values: list[float], seed: int = 0, n: int = 10_000) -> list[float] | None:
+def bootstrap_mean(values: list[float], seed: int = 0) -> list[float] | None:
+    """evaluate.bootstrap_ci of a list that may be empty (None)."""
     import numpy as np
-    if not values:
-        return None
-    rng = np.random.default_rng(seed)
-    means = rng.choice(np.asarray(values, dtype=float), size=(n, len(values))).mean(1)
-    return [round(float(np.quantile(means, 0.025)), 4), round(float(np.quantile(means, 0.975)), 4)]
+    import evaluate
+    return evaluate.bootstrap_ci(values, np.random.default_rng(seed)) if values else None
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -237,6 +211,7 @@ def agent_returns(model, tok, cfg, written: list[dict], plays: int, unseen: list
 
 def compare(run: Path, rows: list[dict], n: int, agent_plays: int = 2, unseen_episodes: int = 16) -> dict:
     import envs
+    import evaluate
     import learning
     import models
     import regret
@@ -271,8 +246,8 @@ def compare(run: Path, rows: list[dict], n: int, agent_plays: int = 2, unseen_ep
         regrets = [row["regret"] for row in out["envs"]]
         k = len(played)
         arms[arm] = {"programs": len(designs), "valid": k, "valid_share": round(k / len(designs), 4),
-                     "valid_ci95": clopper_pearson(k, len(designs)), "novel_valid": sum(fresh),
-                     "novel_valid_ci95": clopper_pearson(sum(fresh), len(designs)),
+                     "valid_ci95": evaluate.clopper_pearson(k, len(designs)), "novel_valid": sum(fresh),
+                     "novel_valid_ci95": evaluate.clopper_pearson(sum(fresh), len(designs)),
                      "mean_regret_valid": round(sum(regrets) / k, 4) if k else None,
                      "regret_ci95": bootstrap_mean(regrets), "reasons": dict(collections.Counter(
                          d.verdict.reason for d in designs)), "seconds": round(time.time() - t0, 1),

@@ -68,15 +68,9 @@ VALID = {"cups": lambda obs: ["1", "2", "3"], "cups_unlisted": lambda obs: ["1",
          "largest": lambda obs: re.findall(r"\d+", obs.split("Numbers:")[-1].split("]")[0])}
 
 
-def bootstrap_ci(values: np.ndarray, rng: np.random.Generator, n: int = 10_000) -> list[float]:
-    """95% percentile interval of the mean of `values` by resampling them with replacement."""
-    means = values[rng.integers(0, len(values), size=(n, len(values)))].mean(axis=1)
-    return [round(float(np.percentile(means, 2.5)), 4), round(float(np.percentile(means, 97.5)), 4)]
-
-
 def arm(episodes: list, rng) -> dict:
     returns = np.array([ep.episode_return for ep in episodes], dtype=np.float64)
-    return {"n": len(returns), "mean_return": round(float(returns.mean()), 4), "ci95": bootstrap_ci(returns, rng),
+    return {"n": len(returns), "mean_return": round(float(returns.mean()), 4), "ci95": evaluate.bootstrap_ci(returns, rng),
             "win_rate": round(regret.win_rate(returns.tolist()), 4),
             **{k.split("/")[1]: (round(v, 3) if v is not None else None) for k, v in runs.reply_stats(episodes).items()}}
 
@@ -84,7 +78,7 @@ def arm(episodes: list, rng) -> dict:
 def paired(a: list, b: list, rng) -> dict:
     """b - a, paired by episode (the same environment and seed in both lists)."""
     diff = np.array([y.episode_return - x.episode_return for x, y in zip(a, b)], dtype=np.float64)
-    return {"diff": round(float(diff.mean()), 4), "diff_ci95": bootstrap_ci(diff, rng)}
+    return {"diff": round(float(diff.mean()), 4), "diff_ci95": evaluate.bootstrap_ci(diff, rng)}
 
 
 def normalised(trained: list, rand: list, oracle: list, rng, n: int = 10_000) -> dict:

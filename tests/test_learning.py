@@ -135,3 +135,21 @@ def test_the_learning_bench_keeps_one_copy_per_distinct_program_and_says_where_e
     readme = (tmp_path / "envs" / "README.md").read_text()
     assert "| `cups.py` | 0, 1 |" in readme and "| `cups_2.py` | 2 |" in readme and "| `doors.py` | 0, 1, 2 |" in readme
     assert "bench/learning.py" in readme
+
+
+def test_the_learning_benchs_normalised_score_and_paired_difference_by_hand():
+    """normalised = (R - R_random) / (R_oracle - R_random): 0.5 for [1, 1, 0, 0] between all-lose and all-win,
+    None when the oracle does no better than random; paired = mean of b - a episode by episode: 1/4 here."""
+    import importlib.util
+    from types import SimpleNamespace
+    import numpy as np
+    spec = importlib.util.spec_from_file_location("learning_bench", ROOT / "bench" / "learning.py")
+    learning = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning)
+    eps = lambda returns: [SimpleNamespace(episode_return=r) for r in returns]   # noqa: E731
+    out = learning.normalised(eps([1, 1, 0, 0]), eps([0, 0, 0, 0]), eps([1, 1, 1, 1]), np.random.default_rng(0))
+    assert out["score"] == 0.5 and out["ci95"][0] <= 0.5 <= out["ci95"][1] and 0 <= out["ci95"][0] < out["ci95"][1] <= 1
+    assert learning.normalised(eps([1, 0]), eps([1, 1]), eps([1, 1]), np.random.default_rng(0)) == \
+        {"score": None, "ci95": None}
+    paired = learning.paired(eps([0, 0, 1, 1]), eps([1, 0, 1, 1]), np.random.default_rng(0))
+    assert paired["diff"] == 0.25 and paired["diff_ci95"] == [0.0, 0.75]   # resampled 0/1 diffs: one 1 in four
