@@ -81,13 +81,14 @@ class ContractError(ValueError):
     """An environment method returned a value of the wrong shape or type."""
 
 
-CHECK_OF = {"reset_error": "reset", "step_error": "step_types", "bad_step_type": "step_types", "trivial": "not_trivial",
-            "reward_range": "reward_range", "bad_tools": "tools", "tool_error": "tools_callable", "fixed_answer":
-            "fair_game", "nondeterministic": "deterministic", "unsolvable": "solvable"}   # the check a reason fails
+CHECK_OF = {"bad_step_type": "step_types", "reward_range": "reward_range", "trivial": "not_trivial", "bad_tools":
+            "tools", "tool_error": "tools_callable", "fixed_answer": "fair_game", "nondeterministic": "deterministic",
+            "unsolvable": "solvable"}
 
 
 class Rejected(Exception):
-    """Validation stopped at a check (CHECK_OF[reason], or `check`); reason is one of VERDICT_REASONS."""
+    """Validation stopped at a check: `check` (a failed call: the one under way), else CHECK_OF[reason] (wherever
+    it came); reason is one of VERDICT_REASONS."""
 
     def __init__(self, reason: str, detail: str = "", check: str | None = None):
         super().__init__(f"{reason}: {detail}")
@@ -171,30 +172,29 @@ def _shape(raw) -> str:
     return f"a {type(raw).__name__} of length {len(raw)}" if isinstance(raw, list) else type(raw).__name__
 
 
-def _call(env: EnvProcess, phase: str, method: str, *args):
+def _call(env: EnvProcess, phase: str, method: str, *args, under: str | None = None):
     """env.call; a Python exception inside the method becomes `<phase>_error`, other sandbox failures
-    (timeout, memory, forbidden, crash, too_large, ...) keep the sandbox's reason."""
+    (timeout, memory, forbidden, crash, too_large, ...) keep the sandbox's reason; either fails the check `under`."""
     try:
         return env.call(method, *args)
     except SandboxError as err:
         reason = f"{phase}_error" if err.reason == "error" else err.reason
-        raise Rejected(reason, f"{method}({', '.join(map(repr, args))}): {err.detail}") from None
+        raise Rejected(reason, f"{method}({', '.join(map(repr, args))}): {err.detail}", under) from None
 
 
-def _reset(env: EnvProcess, seed: int) -> str:
+def _reset(env: EnvProcess, seed: int, under: str = "reset") -> str:
     try:
-        obs = parse_reset(_call(env, "reset", "reset", seed))
+        obs = parse_reset(_call(env, "reset", "reset", seed, under=under))
     except ContractError as err:
-        raise Rejected("reset_error", f"reset({seed}): {err}") from None
+        raise Rejected("reset_error", f"reset({seed}): {err}", under) from None
     if not obs.strip():
-        raise Rejected("reset_error", f"reset({seed}) returned an empty observation")
+        raise Rejected("reset_error", f"reset({seed}) returned an empty observation", under)
     return obs
 
 
-def _step(env: EnvProcess, action: str, checks: dict | None = None) -> tuple[str, float, bool, bool]:
-    checks = {} if checks is None else checks
+def _step(env: EnvProcess, action: str, checks: dict, under: str = "step_types"):
     try:
-        obs, reward, terminated, truncated = parse_step(_call(env, "step", "step", action))
+        obs, reward, terminated, truncated = parse_step(_call(env, "step", "step", action, under=under))
     except ContractError as err:
         raise Rejected("bad_step_type", f"step({action!r}): {err}") from None
     checks["step_types"] = True
@@ -214,47 +214,48 @@ def validation_seeds(seed: int, n: int = 2) -> list[int]:
     return [derive_seed(seed, 0, "validate", i) for i in range(n)]
 
 
-def _game_trace(env: EnvProcess, seed: int, checks: dict[str, bool]) -> list[tuple]:
+def _game_trace(env: EnvProcess, seed: int, checks: dict, first: str = "reset", under: str | None = None) -> list:
     """reset(seed), then the probe actions: the episode that has to replay identically. A game that every probe
     wins, each as the first action of an episode (a win ends the episode, the next probe starts another), is
-    `trivial`: won whatever the action. One win is a lucky guess (cup 1 of 3), as likely at any drawn seed."""
-    trace: list[tuple] = [(_reset(env, seed),)]
+    `trivial`: won whatever the action. One win is a lucky guess (cup 1 of 3), as likely at any drawn seed. A
+    failing call fails `first` (a reset) or step_types, or in a replay `under`: deterministic."""
+    trace: list[tuple] = [(_reset(env, seed, under or first),)]
     checks["reset"] = True
     wins = 0
     for action in PROBE_ACTIONS:
-        trace.append(_step(env, action, checks))
+        trace.append(_step(env, action, checks, under or "step_types"))
         wins += trace[-1][2] and trace[-1][1] >= WIN_REWARD
         if trace[-1][2] or trace[-1][3]:
             # subtle: one probe can win (a secret number 42, cup 1); start over rather than step a finished episode
-            trace.append((_reset(env, seed),))
+            trace.append((_reset(env, seed, under or first),))
     if wins == len(PROBE_ACTIONS):
         raise Rejected("trivial", f"every probe action {PROBE_ACTIONS} wins as the first action at seed {seed}")
     checks["not_trivial"] = True
     return trace
 
 
-def _tool_trace(env: EnvProcess, seed: int, checks: dict[str, bool]) -> list:
+def _tool_trace(env: EnvProcess, seed: int, checks: dict, first: str = "reset", under: str | None = None) -> list:
     """reset(seed), the tools, one schema-valid call of every tool (none may raise), then the probe answer: the
     episode that has to replay identically. An answer that already wins after them is `trivial`."""
-    trace: list = [(_reset(env, seed),)]
+    trace: list = [(_reset(env, seed, under or first),)]
     checks["reset"] = True
     try:
         tools = parse_tools(env.call(":tools"))
     except (ContractError, SandboxError) as err:
         if isinstance(err, SandboxError) and err.reason != "error":
-            raise Rejected(err.reason, f"tools: {err.detail}") from None
-        raise Rejected("bad_tools", f"tools: {getattr(err, 'detail', err)}") from None
+            raise Rejected(err.reason, f"tools: {err.detail}", under or "tools") from None
+        raise Rejected("bad_tools", f"tools: {getattr(err, 'detail', err)}", under) from None
     checks["tools"] = True
     trace.append(tools)
     for name, spec in tools.items():
         arguments = sample_arguments(spec["parameters"])
-        output, failed = tool_result(_call(env, "tool", ":tool", name, arguments))
+        output, failed = tool_result(_call(env, "tool", ":tool", name, arguments, under=under or "tools_callable"))
         if failed:
             reason = "bad_tools" if output.endswith(": no such tool") else "tool_error"
-            raise Rejected(reason, f"tool_{name}(**{arguments!r}): {output!r}"[:500])   # !r: a detail is one line
+            raise Rejected(reason, f"tool_{name}(**{arguments!r}): {output!r}"[:500], under)   # !r: one line
         trace.append(output)
     checks["tools_callable"] = True
-    trace.append(_step(env, PROBE_ANSWER, checks))
+    trace.append(_step(env, PROBE_ANSWER, checks, under or "step_types"))
     if trace[-1][2] and trace[-1][1] >= WIN_REWARD:
         raise Rejected("trivial", f"the probe answer {PROBE_ANSWER!r} already wins")
     checks["not_trivial"] = True
@@ -397,7 +398,7 @@ def solution_calls(raw) -> list | None:
     return list(raw) if all(isinstance(item, str) or is_call(item) for item in raw) else None
 
 
-def _solution(env: EnvProcess, seed: int):
+def _solution(env: EnvProcess, seed: int, under: str):
     """solution() of the episode in progress as it comes back from the sandbox; None when there is none at all."""
     try:
         return env.call("solution")
@@ -405,17 +406,17 @@ def _solution(env: EnvProcess, seed: int):
         if err.reason == "error" and err.detail.startswith("AttributeError") and "solution" in err.detail:
             return None
         raise Rejected("unsolvable" if err.reason == "error" else err.reason,
-                       f"solution() after reset({seed}): {err.detail}") from None
+                       f"solution() after reset({seed}): {err.detail}", under) from None
 
 
-def _play(env: EnvProcess, actions: list, turns: int) -> tuple[list, bool]:
+def _play(env: EnvProcess, actions: list, turns: int, under: str) -> tuple[list, bool]:
     """Step the actions (tool calls take no turn) until the episode ends or `turns` turns: (every result, won?)."""
     trace, won, taken = [], False, 0
     for action in actions:
         if isinstance(action, dict):
-            trace.append(tool_result(_call(env, "tool", ":tool", action["name"], action["arguments"])))
+            trace.append(tool_result(_call(env, "tool", ":tool", action["name"], action["arguments"], under=under)))
             continue
-        trace.append(_step(env, action))
+        trace.append(_step(env, action, {}, under))
         _, reward, terminated, truncated = trace[-1]
         won, taken = terminated and reward >= WIN_REWARD, taken + 1
         if terminated or truncated or taken >= turns:
@@ -425,10 +426,10 @@ def _play(env: EnvProcess, actions: list, turns: int) -> tuple[list, bool]:
 
 def _play_solution(env: EnvProcess, seed: int, turns: int, setting: str) -> tuple[list | None, list, bool]:
     """reset(seed), solution() and its actions played: (the actions, None when there are none to replay; the
-    episode: every observation, reward and tool output; won?)."""
-    obs, raw = _reset(env, seed), _solution(env, seed)
+    episode: every observation, reward and tool output; won?). A call that fails fails `solvable`."""
+    obs, raw = _reset(env, seed, "solvable"), _solution(env, seed, "solvable")
     actions = (solution_calls if setting == "tool_use" else solution_actions)(raw)
-    trace, won = _play(env, actions or [], turns)
+    trace, won = _play(env, actions or [], turns, "solvable")
     return actions, [(obs,), *trace], won
 
 
@@ -440,11 +441,12 @@ def _fair_game(env: EnvProcess, seed: int, actions: list | None, turns: int) -> 
     if actions is None:
         return None   # a description or no solution() at all, as the official contract allows: it stands aside
     taken = min(len(actions), turns)
-    if all(_reset(env, seed) and _play(env, [probe] * taken, turns)[1] for probe in PROBE_ACTIONS):
+    if all(_reset(env, seed, "fair_game") and _play(env, [p] * taken, turns, "fair_game")[1] for p in PROBE_ACTIONS):
         raise Rejected("trivial", f"fair games: each probe action taken {taken} times wins at seed {seed}, as "
                                   "solution() does: the seed decides the game, not the actions", "fair_game")
-    answers = {tuple(" ".join(a.split()) for a in solution_actions(_reset(env, other) and _solution(env, other)) or ())
-               for other in validation_seeds(seed, ANSWER_SEEDS)}
+    answers = {tuple(" ".join(a.split()) for a in solution_actions(
+        _reset(env, other, "fair_game") and _solution(env, other, "fair_game")) or ())
+        for other in validation_seeds(seed, ANSWER_SEEDS)}
     if len(answers) == 1:
         raise Rejected("fixed_answer", f"fair games: solution() is {actions[:4]} at all {ANSWER_SEEDS} seeds "
                                        "tried: a hint that reads the source can state the answer")
@@ -494,10 +496,10 @@ def _same_episodes(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], tra
     the two replays must equal the first (`nondeterministic` otherwise)."""
     a, b = seeds
     first = trace(env, a, checks)
-    trace(env, b, checks)
+    trace(env, b, checks, "reset_other")
     checks["reset_other"] = True
-    for where, other in (("after a re-reset in the same instance", trace(env, a, checks)),
-                         ("in a fresh process", trace(fresh_env, a, checks))):
+    for where, other in (("after a re-reset in the same instance", trace(env, a, checks, under="deterministic")),
+                         ("in a fresh process", trace(fresh_env, a, checks, under="deterministic"))):
         if other != first:
             raise Rejected("nondeterministic", f"reset({a}) + probes differ {where}: {_difference(first, other)}")
 
@@ -509,7 +511,7 @@ def _solution_checks(env: EnvProcess, fresh_env: EnvProcess, seeds: list[int], t
     it must win at a and at b (`unsolvable`). Returns its actions at a (None: nothing to replay, skipped)."""
     a, b = seeds
     actions, played, won = _play_solution(fresh_env, a, turns, setting)
-    replayed = [(_reset(env, a),), *_play(env, actions or [], turns)[0]]
+    replayed = [(_reset(env, a, "deterministic"),), *_play(env, actions or [], turns, "deterministic")[0]]
     if replayed != played:
         raise Rejected("nondeterministic", f"reset({a}) + the actions of solution() differ in another process: "
                                            f"{_difference(played, replayed)}")

@@ -419,6 +419,13 @@ FAILED_CHECKS = {
                         ["deterministic"]),
     "seed_decides_at_turn_2": (game("self.easy = False", "'...', float(self.n >= 2), self.n >= 2, False, {}",
                                     '"\\\\boxed{1} \\\\boxed{1}"'), "trivial", "fair_game", ["solvable"], []),
+    # a failed call fails the check under way: reset(b) is reset_other's, a crash at the second probe step_types'
+    "reset_raises_at_b": (game(f"self.easy = False\n        if seed == {B}: raise ValueError('b')", SEVEN),
+                          "reset_error", "reset_other", ["reset", "step_types", "not_trivial"], ["deterministic"]),
+    "crash_at_probe_2": (game("self.easy = False", "__import__('os')._exit(3) if self.n == 2 else ('...', 0.0, False, "
+                              "False, {})"), "crash", "step_types", ["reset"], ["not_trivial", "reset_other"]),
+    "third_reset_raises": (game("self.easy, self.resets = False, getattr(self, 'resets', 0) + 1\n        if "
+                                "self.resets == 3: raise ValueError('3rd')", SEVEN), "reset_error", "deterministic", ["reset_other"], []),
 }
 
 
@@ -426,7 +433,9 @@ FAILED_CHECKS = {
 def test_the_check_that_failed_is_the_one_the_reason_names_not_the_first_left_unmarked(name):
     """A game trivial only at the second validation seed failed `not_trivial` (its probes passed at the first),
     not `reset_other`; a reward out of range fails `reward_range`, its types having passed; the fair-game guard's
-    `trivial` is `fair_game`'s; solution() raising fails `solvable` with determinism never reached."""
+    `trivial` is `fair_game`'s; solution() raising fails `solvable` with determinism never reached. A failed call
+    fails the check under way: reset(b) `reset_other`, a crash at the second probe `step_types` (not the first
+    check left false, `not_trivial`), a reset that fails on replay `deterministic`."""
     code, reason, failed, passed, not_reached = FAILED_CHECKS[name]
     verdict = envs.validate(code, LIMITS)
     assert (verdict.reason, verdict.failed) == (reason, failed), verdict
