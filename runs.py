@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -497,27 +498,53 @@ _HELD: dict[str, int] = {}   # the run directories this process trains in: real 
 
 
 def hold_run(root: str | Path, flag: str) -> None:
-    """Hold a run directory for the rest of this process's life: an flock on root/lock, which the kernel drops
-    when the process ends, however it ends (a SIGKILLed run leaves nothing to clean up). A second trainer in the
-    same directory (a --resume while the run still runs, or two runs started with one --out) would interleave
-    metrics.jsonl and samples.jsonl and remove each other's checkpoint files: InputError naming the holder."""
+    """Hold a run directory until the run ends (release_run) or the process does: an flock on root/lock, which
+    the kernel drops when the process ends, however it ends (a SIGKILLed run leaves nothing to clean up). A second
+    trainer in the same directory (a --resume while the run still runs, or two runs started with one --out) would
+    interleave metrics.jsonl and samples.jsonl and remove each other's checkpoint files: InputError naming the
+    holder's pid (of its own machine: on a network file system the holder may be another's). Where the file system
+    has no flock (Lustre without -o flock), a warning, and nothing is held."""
     key = os.path.realpath(root)
-    if key in _HELD:
+    if key in _HELD and _same_file(_HELD[key], Path(root) / "lock"):
         return
-    try:
-        fd = os.open(Path(root) / "lock", os.O_RDWR | os.O_CREAT, 0o666)
+    release_run(root)   # held, but the directory (or its lock) was removed and made again since
+    try:   # O_NOFOLLOW: a `lock` that is a link to another file is refused, not truncated
+        fd = os.open(Path(root) / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError as err:
-        raise InputError(f"{flag}: {root}/lock cannot be opened ({err.strerror})") from None
+        raise InputError(f"{flag}: {root}/lock cannot be opened ({err.strerror}); remove it if it is not a file "
+                         "spade-mini made") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):   # a fifo or a device named lock
+        os.close(fd)
+        raise InputError(f"{flag}: {root}/lock is not a regular file; remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         holder = os.read(fd, 16).decode("ascii", "replace").strip()
         os.close(fd)
         raise InputError(f"{flag}: {root} is in use by another spade-mini process (pid {holder or '?'}); wait for "
                          "it to end, or stop it, then --resume") from None
+    except OSError as err:   # ENOLCK, EOPNOTSUPP, ENOSYS: this file system cannot lock
+        os.close(fd)
+        warn(f"{root}/lock cannot be locked ({err.strerror}): a second trainer in this directory would not be detected")
+        return
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _HELD[key] = fd
+
+
+def release_run(root: str | Path) -> None:
+    """Let go of a run directory held by hold_run (its run ended; a notebook or a bench goes on)."""
+    fd = _HELD.pop(os.path.realpath(root), None)
+    if fd is not None:
+        os.close(fd)   # closing the descriptor drops the flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        held, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
 
 def open_run(cfg):
@@ -539,7 +566,11 @@ def open_run(cfg):
         except OSError as err:   # /proc/x: its parent looks writable to root
             raise InputError(f"--out: {run.root} cannot be made ({err.strerror})") from None
         hold_run(run.root, "--out")
-        check_new_out(str(run.root))     # again, held: a run started with the same --out meanwhile is refused
+        try:
+            check_new_out(str(run.root))     # again, held: a run started with the same --out meanwhile is refused
+        except InputError:
+            release_run(run.root)
+            raise
         cfg, start = dataclasses.replace(cfg, out=str(run.root)), 0
     write_atomic(run.config, json.dumps({**dataclasses.asdict(cfg), "steps_ran": start}, indent=2) + "\n")
     return cfg, run, start
@@ -830,6 +861,12 @@ SUMMARY = (("valid", "designer/valid_rate", 6, 2), ("envs", "env/count", 4, 0), 
            ("R_nohint", "agent/return_nohint", 8, 2), ("R_hint", "agent/return_hint", 7, 2),
            ("regret", "env/regret", 7, 2), ("n_agent", "loss/samples_agent", 7, 0),
            ("n_design", "loss/samples_designer", 8, 0), ("grad", "loss/grad_norm", 7, 3), ("sec", "perf/step_s", 5, 0))
+
+
+def end_run(run: Run) -> None:
+    """The run's end: the summary table, and the run directory let go (a notebook or a bench goes on)."""
+    print_summary(run)
+    release_run(run.root)
 
 
 def print_summary(run: Run) -> None:

@@ -599,7 +599,7 @@ def train(cfg: Config) -> Path:
         if (step + 1) % cfg.checkpoint_every == 0 or step == cfg.steps - 1:
             save_checkpoint(st, step)
     if main:
-        runs.print_summary(run)
+        runs.end_run(run)
     return run.root
 
 

@@ -139,6 +139,7 @@ def test_a_resume_while_another_process_trains_in_the_run_is_one_line_and_touche
         holder.kill()
         holder.wait()
     runs.hold_run(out, "--resume")      # the kernel dropped the killed holder's lock: nothing to clean up
+    runs.release_run(out)
 
 
 def test_two_runs_started_with_one_out_the_second_is_refused_before_writing(tmp_path, capsys):
@@ -157,3 +158,51 @@ def test_two_runs_started_with_one_out_the_second_is_refused_before_writing(tmp_
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_lock_is_let_go_when_the_run_ends_so_a_shell_can_resume_it(tmp_path):
+    """A notebook or a bench trains in-process and goes on: the run it finished must not stay held."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text(ECHO_ENV)
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    holder = hold_in_another_process(out)   # refused, it would print no "held", were the lock still held here
+    holder.kill()
+    holder.wait()
+
+
+def test_a_lock_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "lock").symlink_to(tmp_path / "notes.txt")
+    with pytest.raises(runs.InputError, match="lock cannot be opened"):
+        runs.hold_run(run, "--resume")
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+
+
+def test_a_file_system_without_flock_warns_and_trains_unlocked(tmp_path, monkeypatch, capsys):
+    """Lustre without -o flock says ENOSYS (or ENOLCK): that is not another trainer."""
+    import errno
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    runs.hold_run(tmp_path, "--out")
+    assert "cannot be locked (Function not implemented)" in capsys.readouterr().err
+
+
+def test_a_run_directory_removed_and_made_again_is_held_anew(tmp_path):
+    import shutil
+    run = tmp_path / "run"
+    run.mkdir()
+    runs.hold_run(run, "--out")
+    shutil.rmtree(run)
+    run.mkdir()
+    runs.hold_run(run, "--out")
+    try:
+        assert (run / "lock").read_text() == f"{os.getpid()}\n"
+    finally:
+        runs.release_run(run)
