@@ -896,7 +896,8 @@ def cmd_report(run_dir: str) -> int:
     except FileNotFoundError as err:
         raise InputError(str(err)) from None
     except OSError as err:   # report/ is a file, the run directory is read-only, the disk is full
-        raise InputError(f"{run_dir}: the report cannot be written ({err.strerror or err}: {err.filename})") from None
+        where = f": {err.filename}" if err.filename else ""
+        raise InputError(f"{run_dir}: the report cannot be made ({err.strerror or err}{where})") from None
     if not steps:
         print(f"{run_dir}: no completed steps yet; wrote a placeholder page")
     print(f"report: {index}")

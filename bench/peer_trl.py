@@ -164,8 +164,8 @@ def trl_arm(cfg, seen_files: list[Path], adapter_dir: Path, micro_batch: int) ->
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     # transformers 5.25 renamed gradient_checkpointing (a deprecated alias now, a FutureWarning); 5.24 has the old name
-    checkpointing = next(name for name in ("activation_checkpointing", "gradient_checkpointing")
-                         if name in {f.name for f in dataclasses.fields(GRPOConfig)})
+    checkpointing = next((name for name in ("activation_checkpointing", "gradient_checkpointing")
+                          if name in {f.name for f in dataclasses.fields(GRPOConfig)}), "gradient_checkpointing")
 
     t0 = time.time()
     rss = PeakRSS().__enter__()

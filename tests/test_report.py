@@ -76,7 +76,7 @@ def test_a_report_that_cannot_be_written_is_one_line(run_dir, capsys):
     (run_dir / "report").write_text("my notes")
     assert cli.main(["report", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("spade-mini: error: ") and "report cannot be written" in err[0], err
+    assert len(err) == 1 and err[0].startswith("spade-mini: error: ") and "report cannot be made (File exists: " in err[0], err
     assert (run_dir / "report").read_text() == "my notes"
 
 
