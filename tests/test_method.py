@@ -564,7 +564,7 @@ def designer_state(monkeypatch, code: str, temperature: float, seen: dict, memor
 
 
 def test_a_designers_tis_denominator_is_what_the_sampler_recorded_at_the_sampling_temperature(monkeypatch):
-    """The TIS denominator is the policy that sampled, as the sampler recorded it (SPADE_METHOD.md: stored at
+    """The TIS denominator is the policy that sampled, as the sampler recorded it (the official loss: stored at
     sampling time, so the weight absorbs the generation engine's mismatch too), at --temperature 0.6, not 1.0;
     a recompute by the trainer right after sampling (the old way) saw only the staleness."""
     seen = {}
