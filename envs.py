@@ -87,8 +87,7 @@ CHECK_OF = {"bad_step_type": "step_types", "reward_range": "reward_range", "triv
 
 
 class Rejected(Exception):
-    """Validation stopped at a check: `check` (a failed call: the one under way), else CHECK_OF[reason] (wherever
-    it came); reason is one of VERDICT_REASONS."""
+    """Validation stopped at `check` (a failed call's: the one under way), else CHECK_OF[reason]; VERDICT_REASONS."""
 
     def __init__(self, reason: str, detail: str = "", check: str | None = None):
         super().__init__(f"{reason}: {detail}")
@@ -754,8 +753,7 @@ def designer_prompt(skill: str, document: str | None, positives: list[dict], neg
     and the memory examples. tool_use: the *_tools.txt / example_tool_env.txt variants."""
     tools = "_tools" if setting == "tool_use" else ""
     fields = dict(skill=skill, contract=_fill(f"contract{tools}.txt", modules=", ".join(runs.ENV_MODULES)),
-                  example=example_program(setting),
-                  memory=_memory_block(positives, negative))
+                  example=example_program(setting), memory=_memory_block(positives, negative))
     if document is None:
         ideas = skill_ideas(setting).get(skill, "any environment that needs " + skill)
         return _fill(f"designer{tools}_nocorpus.txt", ideas=ideas, **fields)
@@ -826,13 +824,16 @@ class Memory:
                 and all(isinstance(record[k], (int, float)) for k in ("win_rate", "regret"))):
             raise ValueError(f"a memory record must be an object with {', '.join(cls.REQUIRED)}")
 
+    @classmethod
+    def records_of(cls, data) -> list[dict]:
+        """The records of a memory file's parsed JSON; ValueError, KeyError or TypeError unless each is sound."""
+        for record in data["records"]:
+            cls._check(record)
+        return data["records"]
+
     def _load(self) -> list[dict]:
         """The saved records; a corrupted file is moved aside with a one-line warning (never a traceback)."""
-        def records(data) -> list[dict]:
-            for record in data["records"]:
-                self._check(record)
-            return data["records"]
-        return runs.read_json_or_set_aside(self.path, records, "starting with an empty memory") or []
+        return runs.read_json_or_set_aside(self.path, self.records_of, "starting with an empty memory") or []
 
     def add(self, record: dict, duplicates: int = 0) -> None:
         """duplicates > 0: at most that many records share the record's "signature" (its mechanics,

@@ -19,7 +19,6 @@ import importlib.util
 import io
 import json
 import logging
-import math
 import os
 import random
 import re
@@ -42,6 +41,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.lora.layer import Linear as LoraLinear
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, CompileConfig, DynamicCache,
                           GenerationConfig, GgufConfig, LlamaConfig, LogitsProcessor, LogitsProcessorList,
@@ -458,7 +458,11 @@ def load_adapter(model, adapter_dir: str | Path) -> None:
     subtle: peft skips keys it does not know without a word; an adapter of another model or rank would leave
     the base model silently in place, so unexpected keys are an error here.
     """
-    loaded = set_peft_model_state_dict(model, load_file(Path(adapter_dir) / "adapter_model.safetensors"))
+    try:
+        weights = load_file(Path(adapter_dir) / "adapter_model.safetensors")
+    except SafetensorError as err:   # a truncated or foreign file: a ValueError, one line for eval and resume
+        raise ValueError(f"{adapter_dir}/adapter_model.safetensors is unreadable ({err})") from None
+    loaded = set_peft_model_state_dict(model, weights)
     if loaded.unexpected_keys:
         raise ValueError(f"{adapter_dir} does not fit this model: {len(loaded.unexpected_keys)} unexpected keys, "
                          f"e.g. {loaded.unexpected_keys[0]}")

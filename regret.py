@@ -65,8 +65,7 @@ def plateau(w: float) -> float:
     return 1.0
 
 
-def designer_reward(variant: str, r_hint: float, r_nohint: float, w: float,
-                    mu_slow: float | None = None) -> float:
+def designer_reward(variant: str, r_hint: float, r_nohint: float, w: float, mu_slow: float | None = None) -> float:
     """The designer's reward for one environment under one of DESIGNER_REWARDS.
 
     * regret: max(0, R_hint - R_nohint)                                  (the paper's formula; our default)

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import random
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -500,10 +499,11 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
         state = models.load_checkpoint(ckpt, st.model, st.optimizer)
         st.mu_slow = state["mu_slow"]
         st.window = Window.from_json(state["window"]) if state.get("window") else None
+        records = envs.Memory.records_of(json.loads((ckpt / "memory.json").read_text()))   # checked, not copied
     except Exception as err:           # a truncated or foreign file: which checkpoint, not a traceback
         raise runs.InputError(f"--resume: checkpoint {ckpt}: {type(err).__name__}: {err}") from err
-    shutil.copyfile(ckpt / "memory.json", st.run.memory)
-    st.memory = envs.Memory(st.run.memory, st.cfg.memory_capacity)
+    st.memory = envs.Memory(st.run.memory, st.cfg.memory_capacity, records)
+    st.memory.save()
 
 
 def size_to_card(cfg: Config) -> Config:
@@ -552,8 +552,8 @@ def start(cfg: Config) -> tuple[State, int]:
     if not any("config" in r for r in runs.read_jsonl(run.metrics)):   # the header: resolved config first
         run.log_metrics({"config": dataclasses.asdict(cfg), "model": info, "sandbox": isolation_report(),
                          "world_size": models.world_size()})
-    st = State(cfg, run, model, tok, optimizer, envs.Memory(run.memory, cfg.memory_capacity), corpus, pool,
-               backfill, {})
+    memory = envs.Memory(run.memory, cfg.memory_capacity, [] if first_step else None)   # resumed: the checkpoint's
+    st = State(cfg, run, model, tok, optimizer, memory, corpus, pool, backfill, {})
     if first_step > 0:
         load_checkpoint(st, run.latest_checkpoint())
     print(f"resumed {run.root} at step {first_step}" if first_step else f"run directory: {run.root}", flush=True)

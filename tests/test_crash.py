@@ -206,3 +206,39 @@ def test_a_run_directory_removed_and_made_again_is_held_anew(tmp_path):
         assert (run / "lock").read_text() == f"{os.getpid()}\n"
     finally:
         runs.release_run(run)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_a_checkpoint_whose_memory_is_damaged_is_one_line_and_the_runs_memory_is_kept(tmp_path, capsys, damage):
+    """A truncated checkpoint memory.json replaced the run's good one, which was then set aside as corrupted: the
+    run went on with an empty memory and the rotation deleted the last good copy. A missing one was a traceback."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text(ECHO_ENV)
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    record = dict(env_id="e0", skill="Optimization", code="x", win_rate=0.5, regret=0.3)
+    good = json.dumps({"capacity": 200, "records": [record]})
+    (out / "memory.json").write_text(good)
+    saved = out / "checkpoints" / "step_00000" / "memory.json"
+    saved.write_text(good[:30]) if damage == "truncated" else saved.unlink()
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoint" in err[0] and "step_00000" in err[0], err
+    assert (out / "memory.json").read_text() == good and not (out / "memory.json.corrupt").exists()
+
+
+def test_a_resume_reads_the_memory_from_the_checkpoint_without_warning_of_the_runs_copy(tmp_path, capsys):
+    """The run's memory.json is replaced by the checkpoint's: a corrupted one is no news (it warned 'starting with
+    an empty memory' and then restored the checkpoint's records)."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text(ECHO_ENV)
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    (out / "memory.json").write_text('{"records": [')
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 0
+    assert "memory" not in capsys.readouterr().err
+    assert json.loads((out / "memory.json").read_text())["records"] == []

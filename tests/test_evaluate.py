@@ -190,6 +190,15 @@ def test_eval_metrics_are_flat_namespaced_keys_for_metrics_jsonl(tiny, tmp_path)
     assert out["eval/score"] == pytest.approx(sum(categories) / len(categories))
 
 
+def test_an_adapter_whose_weights_are_damaged_is_a_one_line_error(tmp_path, capsys):
+    """eval --adapter of a checkpoint whose safetensors file was truncated: safetensors' own error, a traceback."""
+    models.load_model("tiny-random", **TINY_LOAD)[0].save_pretrained(tmp_path)
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"junk")
+    assert cli.main(["eval", "--model", "tiny-random", "--adapter", str(tmp_path), "--limit", "1"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("spade-mini: error: ")]
+    assert len(err) == 1 and "adapter_model.safetensors is unreadable (" in err[0], err   # not a traceback
+
+
 def test_an_adapter_without_its_config_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "adapter_model.safetensors").write_bytes(b"")
     assert cli.main(["eval", "--adapter", str(tmp_path), "--limit", "1"]) == 2
