@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import textwrap
 import threading
@@ -343,11 +344,19 @@ def waiting(what: str, every: float = 5.0, stream=None):
         ticker.join()
 
 
-def interrupted(cfg) -> int:
-    """Ctrl-C in train: the message on its own line (a progress bar may have left the line open)."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (timeout, docker stop, scancel, systemd) in train: stopped as Ctrl-C stops it, exit 143."""
+
+
+def terminate(signum, frame) -> None:
+    raise Terminated
+
+
+def interrupted(cfg, stop: KeyboardInterrupt) -> int:
+    """Ctrl-C or SIGTERM in train: the message on its own line (a progress bar may have left the line open)."""
     resume = f"; continue with --resume {cfg.out}" if runs.Run(cfg.out).config.exists() else ""
-    print(f"\nspade-mini: interrupted{resume}", file=sys.stderr)
-    return 130
+    print(f"\nspade-mini: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}{resume}", file=sys.stderr)
+    return 143 if isinstance(stop, Terminated) else 130
 
 
 def resumed_from_scratch(run) -> None:
@@ -360,6 +369,7 @@ def cmd_train(explicit: dict) -> int:
     """Every check that needs no model runs before torch is imported (seconds, not a model load)."""
     if explicit.get("resume"):   # a finished run, or one whose checkpoints are gone: say so now
         cfg = runs.resumed_config(config_from_args(explicit), keep_steps="steps" not in explicit)
+        check_config(None, cfg)   # a config.json edited by hand, before resume_start divides by checkpoint_every
         run, done = runs.Run(cfg.out), runs.resume_start(runs.Run(cfg.out), cfg.checkpoint_every)
         ignored = [f"--{name.replace('_', '-')}" for name in sorted(explicit) if name not in ("resume", "steps")]
         if ignored:   # a changed --lr or --plays would otherwise be dropped without a word
@@ -385,13 +395,23 @@ def cmd_train(explicit: dict) -> int:
     check_config(train, cfg)   # now the skill names too
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
     resume = f"; continue with --resume {cfg.out}"
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         train.train(cfg)
-    except KeyboardInterrupt:
-        return interrupted(cfg)
+    except KeyboardInterrupt as stop:
+        return interrupted(cfg, stop)
     except runs.PeerError as err:
         print(f"spade-mini: error: {err}{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
         return 1
+    except BrokenPipeError:   # `| head`: main ends it quietly
+        raise
+    except (OSError, models.SafetensorError) as err:   # a full disk, a file system gone read-only
+        where = f": {err.filename}" if getattr(err, "filename", None) else ""
+        print(f"spade-mini: error: {type(err).__name__}: {getattr(err, 'strerror', None) or err}{where}"
+              f"{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     models.close_distributed()
     return 0
 

@@ -426,7 +426,13 @@ def resumed_config(cfg, keep_steps: bool = False):
         if isinstance(saved.get("generate_bf16"), bool):   # saved before it took auto | on | off
             saved["generate_bf16"] = "on" if saved["generate_bf16"] else "off"
         steps = saved["steps"] if keep_steps else cfg.steps
+        for f in dataclasses.fields(cfg):   # a config.json edited by hand: "plays": "3" or "lr": null
+            kind, value = type(f.default), saved.get(f.name, f.default)
+            if not (type(value) is kind or kind is float and type(value) is int):
+                raise InputError(f"--resume: {run.config}: {f.name} is {json.dumps(value)[:40]}, not {kind.__name__}")
         return type(cfg)(**{**saved, "steps": steps, "resume": str(run.root), "out": str(run.root)})
+    except InputError:
+        raise
     except (ValueError, TypeError, KeyError) as err:   # corrupt JSON, or a config of another version
         raise InputError(f"--resume: {run.root} has an unreadable config.json ({err})") from err
 

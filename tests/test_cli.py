@@ -309,6 +309,45 @@ def test_ctrl_c_during_train_names_the_real_run_directory(tmp_path, monkeypatch,
     assert (tmp_path / run_dir / "config.json").exists()
 
 
+def stub_train(monkeypatch, tmp_path, body):
+    """cli's train with train.train replaced by `body` (after it opens the run directory) and no torch."""
+    def fake_train(cfg):
+        runs.open_run(cfg)
+        body()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=fake_train, active_skills=lambda c, s: []))
+    monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
+                                                                    SafetensorError=RuntimeError))
+
+
+def test_sigterm_during_train_stops_it_as_ctrl_c_does_with_exit_143(tmp_path, monkeypatch, capsys):
+    """timeout, docker stop, scancel and systemd send SIGTERM: it ended the run with exit 143 and not a word."""
+    import signal
+    import time
+
+    def terminated():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)   # the handler raises before this ends
+    before = signal.getsignal(signal.SIGTERM)
+    stub_train(monkeypatch, tmp_path, terminated)
+    assert cli.main(["train", "--model", "tiny-random", "--out", "r"]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "spade-mini: terminated; continue with --resume r", err
+    assert signal.getsignal(signal.SIGTERM) == before   # put back for whoever called it
+
+
+def test_a_full_disk_during_train_is_one_line_naming_the_file_and_the_resume(tmp_path, monkeypatch, capsys):
+    import errno
+
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device", "r/samples.jsonl")
+    stub_train(monkeypatch, tmp_path, full)
+    assert cli.main(["train", "--model", "tiny-random", "--out", "r"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("spade-mini: error: OSError: No space left on device: r/samples.jsonl; continue with "
+                       "--resume r"), err
+
+
 def test_plan_of_a_run_that_does_not_fit_exits_1(capsys):
     assert cli.main(["plan", "--preset", "4b", "--gpu-gb", "8"]) == 1
     assert "does NOT fit" in capsys.readouterr().out

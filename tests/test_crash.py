@@ -72,6 +72,18 @@ def test_resume_with_a_corrupted_config_is_a_one_line_error(tmp_path, capsys):
     assert len(err) == 1 and "unreadable config.json" in err[0]
 
 
+@pytest.mark.parametrize("key,value,said", [("plays", "3", 'plays is "3", not int'), ("lr", None, "lr is null, not float"),
+                                           ("checkpoint_every", 0, "--checkpoint-every")])
+def test_resume_with_a_config_edited_to_a_bad_value_is_one_line(tmp_path, capsys, key, value, said):
+    """Valid JSON, bad values: a ZeroDivisionError (checkpoint_every 0, before the checks ran) or a TypeError."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({**dataclasses.asdict(runs.Config()), "out": str(out), key: value}))
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+
+
 def test_resume_of_a_run_whose_checkpoints_are_gone_is_a_one_line_error_and_rewinds_nothing(tmp_path, capsys):
     """Steps 0 and 1 are logged but checkpoints/ was deleted: a resume would start over and cut metrics.jsonl."""
     out = tmp_path / "run"
