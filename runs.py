@@ -398,10 +398,12 @@ class Run:
         return done[-1] if done else None
 
     def rewind(self, next_step: int) -> None:
-        """Forget everything logged for steps >= next_step (they will be recomputed after a resume)."""
+        """Forget everything logged for steps >= next_step (they will be recomputed after a resume); from step 0,
+        the base model's evaluation (step -1, --eval-every) too: train() logs it again."""
+        first = next_step if next_step > 0 else -1
         for path in (self.metrics, self.samples):
             if path.exists():
-                kept = [r for r in read_jsonl(path) if r.get("step", -1) < next_step or "config" in r]
+                kept = [r for r in read_jsonl(path) if r.get("step", -1) < first or "config" in r]
                 write_atomic(path, "".join(json_line(r) + "\n" for r in kept))
         for stale in (self.root / "envs").glob("step_*"):
             if int(stale.name.split("_")[1]) >= next_step:

@@ -115,12 +115,12 @@ class Window:
                 "envs": played}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Window":
+    def from_json(cls, d: dict, steps: int) -> "Window":
         attempts = [Design(**{**{k: v for k, v in a.items() if k != "logprobs"},   # an older run's recompute
                               "verdict": envs.Verdict.from_json(a["verdict"])}) for a in d["attempts"]]
         played = [PlayedEnv(**{**e, "design": None if e["design"] is None else attempts[e["design"]]})
                   for e in d["envs"]]
-        return cls(d["start"], d["length"], d["skills"], attempts, played)
+        return cls(d["start"], min(d["length"], steps - d["start"]), d["skills"], attempts, played)  # fewer --steps
 
 
 @dataclass
@@ -498,7 +498,7 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
     try:
         state = models.load_checkpoint(ckpt, st.model, st.optimizer)
         st.mu_slow = state["mu_slow"]
-        st.window = Window.from_json(state["window"]) if state.get("window") else None
+        st.window = Window.from_json(state["window"], st.cfg.steps) if state.get("window") else None
         records = envs.Memory.records_of(json.loads((ckpt / "memory.json").read_text()))   # checked, not copied
     except Exception as err:           # a truncated or foreign file: which checkpoint, not a traceback
         raise runs.InputError(f"--resume: checkpoint {ckpt}: {type(err).__name__}: {err}") from err
@@ -570,7 +570,7 @@ def same_state_as_main(st: State, first_step: int) -> tuple[State, int]:
     if not models.is_main():            # the run's paths, never written to from here
         st.cfg, st.run, st.mu_slow = cfg, runs.Run(cfg.out), mu_slow
         st.memory = envs.Memory(st.run.memory, cfg.memory_capacity, records)
-        st.window = Window.from_json(window) if window else None
+        st.window = Window.from_json(window, cfg.steps) if window else None
     models.same_weights_as_main(st.model, st.optimizer)
     return st, first_step
 

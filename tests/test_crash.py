@@ -254,3 +254,38 @@ def test_a_resume_reads_the_memory_from_the_checkpoint_without_warning_of_the_ru
     assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 0
     assert "memory" not in capsys.readouterr().err
     assert json.loads((out / "memory.json").read_text())["records"] == []
+
+
+def test_a_rewind_to_step_0_forgets_the_base_models_evaluation_which_the_resume_logs_again(tmp_path):
+    """A resume from step 0 with --eval-every logged step -1 twice (-1, -1, 0, 1)."""
+    run = runs.Run(tmp_path)
+    lines = [{"config": {}}, {"step": -1, "eval/score": 0.0}, {"step": 0}, {"step": 1}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run.rewind(1)
+    assert [r.get("step") for r in runs.read_jsonl(run.metrics)] == [None, -1, 0]
+    run.rewind(0)
+    assert runs.read_jsonl(run.metrics) == [{"config": {}}]
+
+
+def test_a_resume_with_fewer_steps_cuts_the_open_window_short_and_scores_it(tmp_path, monkeypatch):
+    """A window of 4 opened at step 0 of a 6-step run, resumed at step 1 with --steps 3: it ended unscored (no
+    window record, no regret, no memory); cut to 3 steps, as a fresh 3-step run's is, it is scored at step 2."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text(ECHO_ENV)
+    out = tmp_path / "run"
+    argv = [*TINY[:TINY.index("--regen-interval")], "--regen-interval", "4", "--checkpoint-every", "1",
+            "--out", str(out), "--env-pool", str(pool)]
+    real = runs.fault_point
+
+    def crash(name, step):
+        if (name, step) == ("metrics", 1):
+            raise RuntimeError("a crash after step 1's metrics, before its checkpoint")
+        real(name, step)
+    monkeypatch.setattr(runs, "fault_point", crash)
+    with pytest.raises(RuntimeError):
+        cli.main(["train", *argv, "--steps", "6"])
+    monkeypatch.setattr(runs, "fault_point", real)
+    assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 0
+    windows = [r for r in runs.read_jsonl(out / "samples.jsonl") if r["kind"] == "window"]
+    assert [(w["step"], w["input"]["window"]) for w in windows] == [(2, 3)], windows

@@ -375,7 +375,7 @@ def test_an_open_window_saved_with_the_older_recomputed_log_probs_resumes():
     env = train.PlayedEnv("env_00000_00", "Optimization", "code", design, hint="hint")
     saved = train.Window(0, 2, ["Optimization"], [design], [env]).to_json()
     saved["attempts"][0]["logprobs"] = [-0.4]
-    window = train.Window.from_json(json.loads(json.dumps(saved)))
+    window = train.Window.from_json(json.loads(json.dumps(saved)), steps=4)
     window.envs[0].scores = {"designer_advantage": 1.0}
     (sample,) = train.designer_samples(runs.Config(), window)
     assert sample.sampling_logprobs == [0.0, 0.0, -0.5] and sample.token_ids == [1, 2, 3]
