@@ -370,8 +370,8 @@ def cmd_train(explicit: dict) -> int:
     if explicit.get("resume"):   # a finished run, or one whose checkpoints are gone: say so now
         cfg = runs.resumed_config(config_from_args(explicit), keep_steps="steps" not in explicit)
         check_config(None, cfg)   # a config.json edited by hand, before resume_start divides by checkpoint_every
-        run, done = runs.Run(cfg.out), runs.resume_start(runs.Run(cfg.out), cfg.checkpoint_every)
-        ignored = [f"--{name.replace('_', '-')}" for name in sorted(explicit) if name not in ("resume", "steps")]
+        run, done = runs.Run(cfg.out), runs.resume_start(runs.Run(cfg.out), cfg.checkpoint_every, cfg.rewind)
+        ignored = [f"--{name.replace('_', '-')}" for name in sorted(explicit) if name not in ("resume", "steps", "rewind")]
         if ignored:   # a changed --lr or --plays would otherwise be dropped without a word
             print(f"spade-mini: --resume continues {run.root} with its config.json: {', '.join(ignored)} ignored "
                   f"(only --steps is taken)")

@@ -55,6 +55,7 @@ class Config:
     seed: int = 0                       # root of every derived seed
     out: str = ""                       # run directory ('' -> runs/<date>-<time>)
     resume: str = ""                    # run directory to continue from its last checkpoint
+    rewind: bool = False                # --resume: go back to the newest complete checkpoint though later steps were logged
     cache_dir: str = "~/.cache/spade-mini"  # converted model weights (GGUF -> safetensors)
     # environments: where they come from
     corpus: str = ""                    # SPICE-style jsonl ('text' or 'orig_doc'); '' -> bundled Python docs (ENV_MODULES)
@@ -432,7 +433,8 @@ def resumed_config(cfg, keep_steps: bool = False):
             kind, value = type(f.default), saved.get(f.name, f.default)
             if not (type(value) is kind or kind is float and type(value) is int):
                 raise InputError(f"--resume: {run.config}: {f.name} is {json.dumps(value)[:40]}, not {kind.__name__}")
-        return type(cfg)(**{**saved, "steps": steps, "resume": str(run.root), "out": str(run.root)})
+        return type(cfg)(**{**saved, "steps": steps, "resume": str(run.root), "out": str(run.root),
+                            "rewind": cfg.rewind})   # this command's, not a setting of the run
     except InputError:
         raise
     except (ValueError, TypeError, KeyError) as err:   # corrupt JSON, or a config of another version
@@ -448,17 +450,19 @@ def steps_done(run: Run) -> int:
         raise InputError(f"--resume: {ckpt} has an unreadable state.json ({err})") from err
 
 
-def resume_start(run: Run, checkpoint_every: int) -> int:
+def resume_start(run: Run, checkpoint_every: int, rewind: bool = False) -> int:
     """The step a resume starts at; InputError when metrics.jsonl logged steps that a checkpoint no longer there
-    must have held (the checkpoints were deleted), rather than start over and rewind them."""
+    must have held (the checkpoints were deleted), rather than start over and rewind them, unless `rewind`
+    (--rewind: a damaged newest checkpoint removed, the steps after the one before are recomputed)."""
     start = steps_done(run)
     logged = max((r["step"] for r in read_jsonl(run.metrics) if type(r.get("step")) is int), default=-1)
     covered = max((logged // checkpoint_every) * checkpoint_every, checkpointed(run))
-    if start < covered:   # note: a step is logged before its checkpoint, so the last one may be missing
+    if start < covered and not rewind:   # note: a step is logged before its checkpoint, so the last one may be missing
         held = f"up to step {start - 1}" if start else "none"
         raise InputError(f"--resume: {run.root} logged steps up to {logged} but its checkpoints hold {held} "
                          f"({run.checkpoints}/step_*/state.json); a resume would redo them and rewind "
-                         "metrics.jsonl; restore the checkpoints, or start a new run with --out")
+                         "metrics.jsonl; restore the checkpoints, add --rewind to recompute from "
+                         f"{'step ' + str(start) if start else 'the start'}, or start a new run with --out")
     return start
 
 
@@ -562,7 +566,7 @@ def open_run(cfg):
     if cfg.resume:
         run = Run(cfg.resume)
         hold_run(run.root, "--resume")   # before anything is rewound
-        start = resume_start(run, cfg.checkpoint_every)
+        start = resume_start(run, cfg.checkpoint_every, cfg.rewind)
         if start == 0:
             run.memory.unlink(missing_ok=True)  # the memory of a step that never reached a checkpoint
         run.rewind(start)

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -289,3 +290,27 @@ def test_a_resume_with_fewer_steps_cuts_the_open_window_short_and_scores_it(tmp_
     assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 0
     windows = [r for r in runs.read_jsonl(out / "samples.jsonl") if r["kind"] == "window"]
     assert [(w["step"], w["input"]["window"]) for w in windows] == [(2, 3)], windows
+
+
+def test_a_damaged_newest_checkpoint_removed_the_run_resumes_from_the_one_before_with_rewind(tmp_path, capsys):
+    """keep_checkpoints 2 keeps step 0's; with step 1's damaged and removed, a resume refused (the logged step 1
+    lost its checkpoint) and nothing could take the run back: --rewind recomputes step 1 from step 0's."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text(ECHO_ENV)
+    out = tmp_path / "run"
+    argv = [*TINY, "--steps", "2", "--checkpoint-every", "1", "--out", str(out), "--env-pool", str(pool)]
+    assert cli.main(["train", *argv]) == 0
+    expected = [r for r in runs.read_jsonl(out / "metrics.jsonl") if r.get("step") == 1][0]
+    (out / "checkpoints" / "step_00001" / "adapter_model.safetensors").write_bytes(b"junk")
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 2
+    assert "(remove it, then --rewind)" in capsys.readouterr().err
+    shutil.rmtree(out / "checkpoints" / "step_00001")
+    assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
+    assert "add --rewind to recompute from step 1" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(out), "--steps", "2", "--rewind"]) == 0
+    records = [r for r in runs.read_jsonl(out / "metrics.jsonl") if "step" in r]
+    assert [r["step"] for r in records] == [0, 1]
+    assert records[1]["agent/return_nohint"] == expected["agent/return_nohint"]   # the same step, recomputed
+    assert json.loads((out / "config.json").read_text())["steps_ran"] == 2
