@@ -139,7 +139,13 @@ def from_run(root: Path) -> list[dict]:
         if not re.fullmatch(r"env_\d{5}_\d{2}", program.stem) or program.stem not in verdicts:
             continue
         scores_file = program.with_suffix(".json")
-        scores = json.loads(scores_file.read_text(encoding="utf-8")) if scores_file.exists() else None
+        try:
+            scores = json.loads(scores_file.read_text(encoding="utf-8")) if scores_file.exists() else None
+            if not isinstance(scores, (dict, type(None))):
+                raise ValueError(f"a {type(scores).__name__}, not an object")
+        except ValueError as err:   # a torn write, a hand edit (UnicodeDecodeError is a ValueError too)
+            runs.warn(f"{scores_file} is unreadable ({str(err)[:100]}); exported without its hint and scores")
+            scores = None
         found.append(dict(name=program.stem, program=program.name, raw=program.read_bytes(), source=str(program),
                           verdict=verdicts[program.stem], hint=scores.get("hint") if scores else None,
                           skill=scores.get("skill") if scores else None,

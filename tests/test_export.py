@@ -165,6 +165,19 @@ def test_a_run_exports_every_accepted_environment_with_its_hint_verdict_and_scor
         assert (root / root.name / export.PROGRAM_DIR / f"{env_id}.py").read_bytes() == original
 
 
+def test_an_environment_whose_scores_file_is_torn_is_exported_without_them_and_a_warning(tmp_path, capsys):
+    """A torn envs/step_*/ENV_ID.json was a JSONDecodeError traceback that exported nothing."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("checkpoints"))
+    torn = sorted(run.glob("envs/step_*/env_*_*.json"))[0]
+    torn.write_text('{"hint": "Try the mid')
+    written = export.export(str(run), "gymnasium", str(tmp_path / "out"))
+    assert len(written) == 10 and f"{torn} is unreadable" in capsys.readouterr().err
+    meta = json.loads((tmp_path / "out" / f"spade_{torn.stem}" / f"spade_{torn.stem}" / export.METADATA).read_text())
+    assert meta["hint"] is None and meta["scores"] is None
+
+
 def test_an_existing_package_is_never_overwritten(tmp_path, capsys):
     export.export(str(CUPS), "gem", str(tmp_path))
     assert cli.main(["export", str(CUPS), "--format", "gem", "--out", str(tmp_path)]) == 2
