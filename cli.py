@@ -1096,6 +1096,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:   # `| head` stopped reading: quiet, and nothing left for the exit-time flush to write
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as err:   # a full disk or a read-only file system under eval --save, export, ...: one line
+        print(f"spade-mini: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

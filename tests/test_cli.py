@@ -819,3 +819,16 @@ def test_a_command_from_a_shell_runs_again_under_tcmalloc_with_the_same_gradient
         outputs[allocator] = done.stdout.splitlines()[-1].split()
     assert outputs["system"][0] == "False" and outputs["tcmalloc"][0] == "True", outputs
     assert outputs["system"][1:] == outputs["tcmalloc"][1:], outputs
+
+
+def test_a_full_disk_under_any_command_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """eval --save, export, conform --write: a write that fails for want of space was a traceback (here the
+    command itself stands in for the write that fails)."""
+    import errno
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out.json"))
+    monkeypatch.setattr(cli, "cmd_score", full)
+    assert cli.main(["score", str(tmp_path / "w.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"spade-mini: error: OSError: [Errno 28] No space left on device: '{tmp_path / 'out.json'}'"]
