@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import ctypes.util
 import dataclasses
+import errno
 import importlib.metadata
 import importlib.util
 import inspect
@@ -179,6 +180,8 @@ def preset_overrides(preset: str) -> dict:
 
 def check_config(train, cfg) -> None:
     """Reject nonsensical values with one clear sentence, before a model is loaded."""
+    if cfg.rewind and not cfg.resume:
+        raise InputError("--rewind goes with --resume RUN (it takes a run back to its newest complete checkpoint)")
     for name in ("steps", "envs_per_step", "design_attempts", "max_turns", "designer_max_new_tokens",
                  "agent_max_new_tokens", "agent_max_episode_tokens", "token_budget", "skills_per_step",
                  "doc_words", "memory_capacity", "lora_r", "checkpoint_every", "keep_checkpoints",
@@ -344,6 +347,9 @@ def waiting(what: str, every: float = 5.0, stream=None):
         ticker.join()
 
 
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES}   # one line, not a traceback
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (timeout, docker stop, scancel, systemd) in train: stopped as Ctrl-C stops it, exit 143."""
 
@@ -369,7 +375,6 @@ def cmd_train(explicit: dict) -> int:
     """Every check that needs no model runs before torch is imported (seconds, not a model load)."""
     if explicit.get("resume"):   # a finished run, or one whose checkpoints are gone: say so now
         cfg = runs.resumed_config(config_from_args(explicit), keep_steps="steps" not in explicit)
-        check_config(None, cfg)   # a config.json edited by hand, before resume_start divides by checkpoint_every
         run, done = runs.Run(cfg.out), runs.resume_start(runs.Run(cfg.out), cfg.checkpoint_every, cfg.rewind)
         ignored = [f"--{name.replace('_', '-')}" for name in sorted(explicit) if name not in ("resume", "steps", "rewind")]
         if ignored:   # a changed --lr or --plays would otherwise be dropped without a word
@@ -395,7 +400,8 @@ def cmd_train(explicit: dict) -> int:
     check_config(train, cfg)   # now the skill names too
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
     resume = f"; continue with --resume {cfg.out}"
-    previous = signal.signal(signal.SIGTERM, terminate)
+    main_thread = threading.current_thread() is threading.main_thread()   # signal.signal works there only
+    previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
     try:
         train.train(cfg)
     except KeyboardInterrupt as stop:
@@ -406,12 +412,15 @@ def cmd_train(explicit: dict) -> int:
     except BrokenPipeError:   # `| head`: main ends it quietly
         raise
     except (OSError, models.SafetensorError) as err:   # a full disk, a file system gone read-only
+        if isinstance(err, OSError) and err.errno not in DISK_ERRORS:
+            raise
         where = f": {err.filename}" if getattr(err, "filename", None) else ""
         print(f"spade-mini: error: {type(err).__name__}: {getattr(err, 'strerror', None) or err}{where}"
               f"{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)   # None: set from C
     models.close_distributed()
     return 0
 
@@ -1090,13 +1099,15 @@ def main(argv: list[str] | None = None) -> int:
     except runs.PeerError as err:
         print(f"spade-mini: error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("spade-mini: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:   # a second Ctrl-C or SIGTERM while the first was being reported
+        print(f"spade-mini: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}", file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130
     except BrokenPipeError:   # `| head` stopped reading: quiet, and nothing left for the exit-time flush to write
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as err:   # a full disk or a read-only file system under eval --save, export, ...: one line
+        if err.errno not in DISK_ERRORS:
+            raise   # a bug's FileNotFoundError keeps its traceback
         print(f"spade-mini: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
 

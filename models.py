@@ -1379,8 +1379,11 @@ def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep:
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     runs.fault_point("checkpoint", int(folder.name.split("_")[-1]))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+    for name, state in (("optimizer.pt", optimizer.state_dict()),
+                        ("rng.pt", {"torch": torch.get_rng_state(), "python": random.getstate()})):
+        buffer = io.BytesIO()   # subtle: torch.save's own file writer says a full disk as a RuntimeError
+        torch.save(state, buffer)
+        (tmp / name).write_bytes(buffer.getbuffer())   # an OSError naming the file
     for name, text in files.items():
         (tmp / name).write_text(text, encoding="utf-8")
     mode = 0o666 & ~runs.current_umask()   # subtle: safetensors writes its file 0600
@@ -1390,8 +1393,8 @@ def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep:
             os.fsync(fh.fileno())
     shutil.rmtree(folder, ignore_errors=True)
     os.rename(tmp, folder)
-    for old in sorted(folder.parent.glob("step_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in sorted(p for p in folder.parent.glob("step_*") if (p / "state.json").exists())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)   # complete ones only: a stray folder must not count as one kept
 
 
 def load_checkpoint(folder: Path, model, optimizer) -> dict:

@@ -454,6 +454,8 @@ def resume_start(run: Run, checkpoint_every: int, rewind: bool = False) -> int:
     """The step a resume starts at; InputError when metrics.jsonl logged steps that a checkpoint no longer there
     must have held (the checkpoints were deleted), rather than start over and rewind them, unless `rewind`
     (--rewind: a damaged newest checkpoint removed, the steps after the one before are recomputed)."""
+    if checkpoint_every < 1:   # a config.json edited by hand (the checks of its values come after)
+        raise InputError(f"--resume: {run.config}: checkpoint_every is {checkpoint_every}; it must be >= 1")
     start = steps_done(run)
     logged = max((r["step"] for r in read_jsonl(run.metrics) if type(r.get("step")) is int), default=-1)
     covered = max((logged // checkpoint_every) * checkpoint_every, checkpointed(run))
@@ -567,6 +569,11 @@ def open_run(cfg):
         run = Run(cfg.resume)
         hold_run(run.root, "--resume")   # before anything is rewound
         start = resume_start(run, cfg.checkpoint_every, cfg.rewind)
+        if cfg.rewind:   # the checkpoints past it go too, or the next plain --resume would refuse the run again
+            for stale in run.checkpoints.glob("step_*"):
+                if not re.fullmatch(r"step_\d+", stale.name) or int(stale.name[5:]) >= start:
+                    shutil.rmtree(stale, ignore_errors=True)
+            write_atomic(run.last_checkpoint, json.dumps({"step": start - 1}) + "\n")
         if start == 0:
             run.memory.unlink(missing_ok=True)  # the memory of a step that never reached a checkpoint
         run.rewind(start)

@@ -317,6 +317,7 @@ def stub_train(monkeypatch, tmp_path, body):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=fake_train, active_skills=lambda c, s: []))
     monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
+                                                                    close_distributed=lambda: None,
                                                                     SafetensorError=RuntimeError))
 
 
@@ -832,3 +833,36 @@ def test_a_full_disk_under_any_command_is_one_line_and_exit_1(tmp_path, monkeypa
     assert cli.main(["score", str(tmp_path / "w.json")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"spade-mini: error: OSError: [Errno 28] No space left on device: '{tmp_path / 'out.json'}'"]
+
+
+def test_train_from_a_thread_other_than_the_main_one_runs(tmp_path, monkeypatch):
+    """A notebook or service that trains in a background thread: signal.signal raised ValueError there."""
+    import threading
+    stub_train(monkeypatch, tmp_path, lambda: None)
+    done = {}
+    thread = threading.Thread(target=lambda: done.update(rc=cli.main(["train", "--model", "tiny-random", "--out", "r"])))
+    thread.start()
+    thread.join(60)
+    assert done == {"rc": 0}
+
+
+def test_a_full_disk_while_the_checkpoint_is_written_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    """torch.save's own writer said a full disk as `RuntimeError: [enforce fail at inline_container.cc]`."""
+    import errno
+    from pathlib import Path as P
+    real = P.write_bytes
+
+    def write_bytes(self, data):
+        if self.name == "optimizer.pt":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, data)
+    monkeypatch.setattr(P, "write_bytes", write_bytes)
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text((ROOT / "examples" / "cups.py").read_text())
+    assert cli.main(["train", "--model", "tiny-random", "--steps", "1", "--plays", "2", "--hinted-plays", "0",
+                     "--max-turns", "1", "--agent-max-new-tokens", "8", "--agent-max-episode-tokens", "16",
+                     "--out", str(tmp_path / "r"), "--env-pool", str(pool)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("spade-mini: error: OSError: No space left on device: ") and "optimizer.pt" in err[-1]
+    assert err[-1].endswith(f"; continue with --resume {tmp_path / 'r'}"), err[-1]

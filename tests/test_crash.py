@@ -74,7 +74,7 @@ def test_resume_with_a_corrupted_config_is_a_one_line_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("key,value,said", [("plays", "3", 'plays is "3", not int'), ("lr", None, "lr is null, not float"),
-                                           ("checkpoint_every", 0, "--checkpoint-every")])
+                                           ("checkpoint_every", 0, "checkpoint_every is 0; it must be >= 1")])
 def test_resume_with_a_config_edited_to_a_bad_value_is_one_line(tmp_path, capsys, key, value, said):
     """Valid JSON, bad values: a ZeroDivisionError (checkpoint_every 0, before the checks ran) or a TypeError."""
     out = tmp_path / "run"
@@ -250,11 +250,13 @@ def test_a_resume_reads_the_memory_from_the_checkpoint_without_warning_of_the_ru
     (pool / "echo.py").write_text(ECHO_ENV)
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    record = dict(env_id="e0", skill="Optimization", code="x", win_rate=0.5, regret=0.3)
+    (out / "checkpoints" / "step_00000" / "memory.json").write_text(json.dumps({"capacity": 200, "records": [record]}))
     (out / "memory.json").write_text('{"records": [')
     capsys.readouterr()
     assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 0
     assert "memory" not in capsys.readouterr().err
-    assert json.loads((out / "memory.json").read_text())["records"] == []
+    assert json.loads((out / "memory.json").read_text())["records"][0] == record   # the checkpoint's, restored
 
 
 def test_a_rewind_to_step_0_forgets_the_base_models_evaluation_which_the_resume_logs_again(tmp_path):
@@ -314,3 +316,25 @@ def test_a_damaged_newest_checkpoint_removed_the_run_resumes_from_the_one_before
     assert [r["step"] for r in records] == [0, 1]
     assert records[1]["agent/return_nohint"] == expected["agent/return_nohint"]   # the same step, recomputed
     assert json.loads((out / "config.json").read_text())["steps_ran"] == 2
+
+
+def test_after_a_rewind_a_later_crash_resumes_without_it(tmp_path, capsys):
+    """--rewind left last_checkpoint.json naming the removed checkpoint: every later crash before a checkpoint
+    past it needed --rewind again (a flag that drops logged steps). A stray step_* folder goes too."""
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "echo.py").write_text(ECHO_ENV)
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--steps", "2", "--checkpoint-every", "1", "--out", str(out),
+                     "--env-pool", str(pool)]) == 0
+    shutil.rmtree(out / "checkpoints" / "step_00001")
+    (out / "checkpoints" / "step_00007").mkdir()   # no state.json: a stray folder, never a checkpoint
+    cfg = runs.resumed_config(runs.Config(resume=str(out), steps=2, rewind=True))
+    runs.open_run(cfg)                              # as --resume --rewind opens it; then the run stops
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000"]
+    assert runs.resume_start(runs.Run(out), 1) == 1   # a plain resume is taken
+
+
+def test_rewind_without_resume_is_refused(tmp_path, capsys):
+    assert cli.main(["train", "--rewind", "--out", str(tmp_path / "r")]) == 2
+    assert "--rewind goes with --resume" in capsys.readouterr().err
