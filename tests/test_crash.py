@@ -22,11 +22,17 @@ POINTS = [("generate", False), ("hint", True), ("play", True), ("memory", True),
           ("checkpoint", True), ("metrics", True)]
 
 
-@pytest.mark.parametrize("point,use_pool", POINTS, ids=[p for p, _ in POINTS])
-def test_sigkill_then_resume_leaves_valid_files_and_every_step_once(tmp_path, point, use_pool):
+def echo_pool(tmp_path: Path) -> Path:
+    """A --env-pool folder holding the echo environment (a tiny random model never writes a valid one)."""
     pool = tmp_path / "pool"
     pool.mkdir()
     (pool / "echo.py").write_text(ECHO_ENV)
+    return pool
+
+
+@pytest.mark.parametrize("point,use_pool", POINTS, ids=[p for p, _ in POINTS])
+def test_sigkill_then_resume_leaves_valid_files_and_every_step_once(tmp_path, point, use_pool):
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     argv = [*TINY, "--steps", "2", "--out", str(out)] + (["--env-pool", str(pool)] if use_pool else [])
     env = {**os.environ, "SPADE_MINI_KILL_AT": f"{point}:1"}
@@ -52,9 +58,7 @@ def test_sigkill_then_resume_leaves_valid_files_and_every_step_once(tmp_path, po
 
 
 def test_resume_from_a_corrupted_checkpoint_is_a_one_line_error(tmp_path, capsys):
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
     (out / "checkpoints" / "step_00000" / "adapter_model.safetensors").write_bytes(b"not a tensor file")
@@ -112,9 +116,7 @@ def test_an_atomically_written_file_honours_the_umask(tmp_path):
 
 def test_every_file_of_a_run_honours_the_umask(tmp_path):
     """Colleagues on a shared server can read a run: umask 022 gives 0644 files, the checkpoint's adapter too."""
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     old = os.umask(0o022)
     try:
@@ -157,9 +159,7 @@ def test_a_resume_while_another_process_trains_in_the_run_is_one_line_and_touche
 
 def test_two_runs_started_with_one_out_the_second_is_refused_before_writing(tmp_path, capsys):
     """Both pass the checks before the model loads; the second to open the directory finds it held."""
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     out.mkdir()
     holder = hold_in_another_process(out)
@@ -175,9 +175,7 @@ def test_two_runs_started_with_one_out_the_second_is_refused_before_writing(tmp_
 
 def test_the_lock_is_let_go_when_the_run_ends_so_a_shell_can_resume_it(tmp_path):
     """A notebook or a bench trains in-process and goes on: the run it finished must not stay held."""
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
     holder = hold_in_another_process(out)   # refused, it would print no "held", were the lock still held here
@@ -225,9 +223,7 @@ def test_a_run_directory_removed_and_made_again_is_held_anew(tmp_path):
 def test_a_checkpoint_whose_memory_is_damaged_is_one_line_and_the_runs_memory_is_kept(tmp_path, capsys, damage):
     """A truncated checkpoint memory.json replaced the run's good one, which was then set aside as corrupted: the
     run went on with an empty memory and the rotation deleted the last good copy. A missing one was a traceback."""
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
     record = dict(env_id="e0", skill="Optimization", code="x", win_rate=0.5, regret=0.3)
@@ -245,9 +241,7 @@ def test_a_checkpoint_whose_memory_is_damaged_is_one_line_and_the_runs_memory_is
 def test_a_resume_reads_the_memory_from_the_checkpoint_without_warning_of_the_runs_copy(tmp_path, capsys):
     """The run's memory.json is replaced by the checkpoint's: a corrupted one is no news (it warned 'starting with
     an empty memory' and then restored the checkpoint's records)."""
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
     record = dict(env_id="e0", skill="Optimization", code="x", win_rate=0.5, regret=0.3)
@@ -273,9 +267,7 @@ def test_a_rewind_to_step_0_forgets_the_base_models_evaluation_which_the_resume_
 def test_a_resume_with_fewer_steps_cuts_the_open_window_short_and_scores_it(tmp_path, monkeypatch):
     """A window of 4 opened at step 0 of a 6-step run, resumed at step 1 with --steps 3: it ended unscored (no
     window record, no regret, no memory); cut to 3 steps, as a fresh 3-step run's is, it is scored at step 2."""
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     argv = [*TINY[:TINY.index("--regen-interval")], "--regen-interval", "4", "--checkpoint-every", "1",
             "--out", str(out), "--env-pool", str(pool)]
@@ -297,9 +289,7 @@ def test_a_resume_with_fewer_steps_cuts_the_open_window_short_and_scores_it(tmp_
 def test_a_damaged_newest_checkpoint_removed_the_run_resumes_from_the_one_before_with_rewind(tmp_path, capsys):
     """keep_checkpoints 2 keeps step 0's; with step 1's damaged and removed, a resume refused (the logged step 1
     lost its checkpoint) and nothing could take the run back: --rewind recomputes step 1 from step 0's."""
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     argv = [*TINY, "--steps", "2", "--checkpoint-every", "1", "--out", str(out), "--env-pool", str(pool)]
     assert cli.main(["train", *argv]) == 0
@@ -321,9 +311,7 @@ def test_a_damaged_newest_checkpoint_removed_the_run_resumes_from_the_one_before
 def test_after_a_rewind_a_later_crash_resumes_without_it(tmp_path, capsys):
     """--rewind left last_checkpoint.json naming the removed checkpoint: every later crash before a checkpoint
     past it needed --rewind again (a flag that drops logged steps). A stray step_* folder goes too."""
-    pool = tmp_path / "pool"
-    pool.mkdir()
-    (pool / "echo.py").write_text(ECHO_ENV)
+    pool = echo_pool(tmp_path)
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "2", "--checkpoint-every", "1", "--out", str(out),
                      "--env-pool", str(pool)]) == 0
