@@ -109,3 +109,5 @@ if __name__ == "__main__":
     for case in cases:
         result = {"update": update_case, "rollout": rollout_case, "dead": dead_case}[case]()
         torch.save({"world_size": models.world_size(), **result}, out / f"{case}_rank{models.rank()}.pt")
+    if "dead" in cases:   # subtle: a gloo group whose peer died cannot be torn down; at the interpreter's exit its
+        os._exit(0)       # threads could abort the survivor (SIGABRT, "terminate called without an active exception")
