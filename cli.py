@@ -409,11 +409,9 @@ def cmd_train(explicit: dict) -> int:
     except runs.PeerError as err:
         print(f"spade-mini: error: {err}{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
         return 1
-    except BrokenPipeError:   # `| head`: main ends it quietly
-        raise
     except (OSError, models.SafetensorError) as err:   # a full disk, a file system gone read-only
         if isinstance(err, OSError) and err.errno not in DISK_ERRORS:
-            raise
+            raise   # a closed pipe (EPIPE) too: main ends it quietly
         where = f": {err.filename}" if getattr(err, "filename", None) else ""
         print(f"spade-mini: error: {type(err).__name__}: {getattr(err, 'strerror', None) or err}{where}"
               f"{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
