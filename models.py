@@ -755,6 +755,15 @@ def _left_pad(rows: list[list[int]], pad_id: int, width: int, device) -> tuple[t
     return ids.to(device), mask.to(device)
 
 
+def tempered_logprobs(logits: torch.Tensor, temperature: float, *, in_place: bool = False) -> torch.Tensor:
+    """log softmax(logits / T) over the last axis, in fp32: the log-prob of drawing each token at temperature T.
+    T = 0 (greedy sampling has no temperature) scores at T = 1. The one rule the sampler's record (Sampler) and the
+    update's spade_mini.token_logprobs share; in_place divides a fresh fp32 logits block itself (no second block)."""
+    t = temperature if temperature > 0 else 1.0
+    logits = logits.float()
+    return (logits.div_(t) if in_place else logits / t).log_softmax(-1)
+
+
 class Sampler(LogitsProcessor):
     """Temperature, top-k, top-p, then one token drawn among the kept ones, returned as the only finite score so
     that HF's greedy step (do_sample=False) takes it: the distribution HF's own warpers would sample from, drawn
@@ -764,7 +773,7 @@ class Sampler(LogitsProcessor):
     temperature 0: greedy (argmax).
 
     It also records the sampling policy's log-prob of every drawn token, log softmax(logits / score_temperature)
-    over the full vocabulary (what the update's token_logprobs computes for the same token): the rollout side of
+    over the full vocabulary (tempered_logprobs, as the update's token_logprobs): the rollout side of
     the rollout/trainer mismatch (spade_mini.mismatch).
 
     subtle: HF's top-k keeps every logit tied with the k-th; this keeps exactly k (a tie at the boundary is the
@@ -774,7 +783,7 @@ class Sampler(LogitsProcessor):
 
     def __init__(self, temperature: float, top_k: int, top_p: float, score_temperature: float | None = None):
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.score_temperature = score_temperature or (temperature if temperature > 0 else 1.0)
+        self.score_temperature = score_temperature or temperature
         self.logprobs: list[torch.Tensor] = []   # one (B,) tensor per step
 
     def kept(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -795,7 +804,7 @@ class Sampler(LogitsProcessor):
             token = ids.gather(1, torch.multinomial(top.softmax(-1), 1))  # (B, 1)
         else:
             token = scores.argmax(-1, keepdim=True)  # (B, 1)
-        logp = (scores.float() / self.score_temperature).log_softmax(-1)  # (B, V)
+        logp = tempered_logprobs(scores, self.score_temperature)  # (B, V)
         self.logprobs.append(logp.gather(1, token).squeeze(1))
         return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)  # (B, V): HF's argmax takes token
 

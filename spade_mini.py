@@ -315,8 +315,8 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.
     # note: under bf16 autocast the LM head still runs on fp32 tensors: bf16 logits (8 bits of mantissa) would move
     # a log-prob by ~0.03 at logit 10, more than every other rounding here together (models.bf16_head: bf16 inputs)
     with torch.autocast(hidden.device.type, enabled=False):
-        logits = head(hidden.to(head.weight.dtype)).float().div_(temperature)  # (C, V): in place, not a second block
-    return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)  # (C,): one fused pass, not logsumexp's 3
+        logp = models.tempered_logprobs(head(hidden.to(head.weight.dtype)), temperature, in_place=True)  # (C, V)
+    return logp.gather(-1, targets[:, None]).squeeze(-1)  # (C,): one fused pass, not logsumexp's 3
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, *,
@@ -335,8 +335,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     h = hidden[:, :-1][wanted]  # (N, H)
     y = input_ids[:, 1:][wanted]  # (N,)
     head = model.get_output_embeddings()
-    t = temperature if temperature > 0 else 1.0  # greedy sampling has no temperature: score at T = 1
-    parts = [checkpoint(_chunk_logprobs, h[s: s + chunk_size], y[s: s + chunk_size], head, t, use_reentrant=False)
+    parts = [checkpoint(_chunk_logprobs, h[s: s + chunk_size], y[s: s + chunk_size], head, temperature,
+                        use_reentrant=False)
              for s in range(0, h.shape[0], chunk_size)]
     flat = torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)  # (N,)
     out = torch.zeros(wanted.shape, dtype=flat.dtype, device=flat.device).masked_scatter(wanted, flat)  # (B, T-1)

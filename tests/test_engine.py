@@ -2,6 +2,7 @@
 warpers, the growing KV cache against DynamicCache, merged LoRA against the adapter, shared prefill against
 a prefill per row, and the sampler's recorded log-probs against the update's token_logprobs."""
 import contextlib
+import math
 import os
 import platform
 
@@ -60,6 +61,21 @@ def test_sampler_records_the_full_softmax_log_prob_of_each_drawn_token():
     token = sampler(None, scores).argmax(-1)
     expected = (scores / 0.7).log_softmax(-1).gather(1, token[:, None]).squeeze(1)
     assert torch.allclose(sampler.steps()[:, 0], expected)
+
+
+def test_tempered_logprobs_by_hand_and_greedy_scores_at_one():
+    """logits (0, ln 3): at T = 1 the probabilities are 1/4 and 3/4; at T = 2, 1/(1 + sqrt 3) = 0.36603 and
+    0.63397; T = 0 (greedy) scores at T = 1. The sampler's record and the update's token_logprobs both use it."""
+    logits = torch.tensor([[0.0, math.log(3)]])
+    assert models.tempered_logprobs(logits, 1.0).exp().tolist()[0] == pytest.approx([0.25, 0.75])
+    assert models.tempered_logprobs(logits, 2.0).exp().tolist()[0] == pytest.approx([0.36603, 0.63397], abs=1e-5)
+    assert torch.equal(models.tempered_logprobs(logits, 0.0), models.tempered_logprobs(logits, 1.0))
+    assert logits.tolist()[0] == pytest.approx([0.0, math.log(3)])   # not in place unless asked
+    models.tempered_logprobs(logits, 2.0, in_place=True)
+    assert logits.tolist()[0] == pytest.approx([0.0, math.log(3) / 2])
+    greedy = models.Sampler(0.0, 0, 1.0)
+    token = greedy(None, torch.tensor([[0.0, math.log(3)]])).argmax(-1)
+    assert token.item() == 1 and greedy.steps()[0, 0].item() == pytest.approx(math.log(0.75))
 
 
 def test_growing_cache_gives_dynamic_cache_logits_and_survives_row_selection(tiny_model):
