@@ -178,6 +178,10 @@ def preset_overrides(preset: str) -> dict:
     return runs.PRESETS[preset]
 
 
+TEMPERATURES = (1e-3, 100.0)   # a sampling or scoring temperature's range (0, where allowed: greedy / the default)
+MAX_GPU_GB = 4096              # --gpu-gb: GiB, above any one card made
+
+
 def check_config(train, cfg) -> None:
     """Reject nonsensical values with one clear sentence, before a model is loaded."""
     if cfg.rewind and not cfg.resume:
@@ -229,6 +233,13 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--hint-temperature must be >= 0 (0 = greedy; got {cfg.hint_temperature})")
     if not cfg.logprob_temperature >= 0:
         raise InputError(f"--logprob-temperature must be >= 0 (0 = --temperature; got {cfg.logprob_temperature})")
+    for name in ("temperature", "hint_temperature", "logprob_temperature"):   # logits / 1e-40 overflow: a crash
+        value = getattr(cfg, name)                                           # after the model has loaded
+        if value and not TEMPERATURES[0] <= value <= TEMPERATURES[1]:
+            raise InputError(f"--{name.replace('_', '-')} must be in [{TEMPERATURES[0]:g}, {TEMPERATURES[1]:g}] "
+                             f"(got {value:g})")
+    if cfg.gpu_gb > MAX_GPU_GB:
+        raise InputError(f"--gpu-gb must be at most {MAX_GPU_GB} GiB, more than any one card (got {cfg.gpu_gb:g})")
     if cfg.plays < 2:
         raise InputError("--plays must be >= 2: the agent advantage is a z-score within an environment's plays")
     for path, flag in ((cfg.corpus, "--corpus"), (cfg.env_pool, "--env-pool"), (cfg.eval_pool, "--eval-pool"),

@@ -29,7 +29,8 @@ def one_error_line(capsys) -> str:
                                   "missing gguf", "hub model not cached", "file as env pool", "unknown preset",
                                   "reply prefix in tool use", "reply prefix when thinking", "bf16 static cache",
                                   "infinite lr", "nan clip", "negative clip", "zero clip", "dropout 2", "nan kl",
-                                  "infinite call timeout", "call timeout past a day"])
+                                  "infinite call timeout", "call timeout past a day", "tiny temperature",
+                                  "tiny hint temperature", "huge temperature", "huge card"])
 def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("some notes\nnot json\n")
@@ -45,7 +46,9 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "nan clip": ["--max-grad-norm", "nan"], "negative clip": ["--max-grad-norm", "-1"],
              "zero clip": ["--max-grad-norm", "0"], "dropout 2": ["--lora-dropout", "2"],
              "nan kl": ["--kl-beta", "nan"], "infinite call timeout": ["--call-timeout", "inf"],
-             "call timeout past a day": ["--call-timeout", "3e6"]}[case]
+             "call timeout past a day": ["--call-timeout", "3e6"], "tiny temperature": ["--temperature", "1e-40"],
+             "tiny hint temperature": ["--hint-temperature", "1e-300"], "huge temperature": ["--temperature", "1e300"],
+             "huge card": ["--gpu-gb", "1e9"]}[case]
     out = tmp_path / "run"
     assert cli.main(["train", *flags, "--out", str(out)]) == 2
     line = one_error_line(capsys)
@@ -65,7 +68,12 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
             "negative clip": "--max-grad-norm must be > 0", "zero clip": "--max-grad-norm must be > 0",
             "dropout 2": "--lora-dropout must be in [0, 1)", "nan kl": "--kl-beta must be a finite number",
             "infinite call timeout": "--call-timeout must be a finite number",
-            "call timeout past a day": "--call-timeout must be at most 86400 s"}[case]   # the error of its own case
+            "call timeout past a day": "--call-timeout must be at most 86400 s",
+            # logits over 1e-40 are inf: the sampler's multinomial raised after the model had loaded
+            "tiny temperature": "--temperature must be in [0.001, 100] (got 1e-40)",
+            "tiny hint temperature": "--hint-temperature must be in [0.001, 100]",
+            "huge temperature": "--temperature must be in [0.001, 100]", "huge card": "--gpu-gb must be at most 4096"
+            }[case]   # the error of its own case
     assert said in line, line
 
 
