@@ -185,8 +185,7 @@ def design(st: State, step: int, skills: list[str]) -> list[Design]:
         for g in slots:
             skill = skills[g % len(skills)]
             rng = random.Random(envs.derive_seed(cfg.seed, step, "designer", g * cfg.design_attempts + attempt))
-            # the one cut of a document: --doc-words words, line breaks kept
-            doc = None if cfg.no_corpus else envs.truncate_words(rng.choice(st.corpus), cfg.doc_words)
+            doc = None if cfg.no_corpus else envs.truncate_words(rng.choice(st.corpus), cfg.doc_words)  # its one cut
             positives = st.memory.positives(skill, rng) if use_memory else []
             negative = st.memory.negative(skill, rng) if use_memory else None
             prompts.append(models.chat_ids(st.tok, envs.designer_prompt(skill, doc, positives, negative, cfg.setting),
@@ -369,7 +368,7 @@ def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
     """Phase 8a, every step: the agent's unhinted plays of this step, z-scored within each environment over
     the plays that produced tokens (regret.agent_advantages, as score_window does). Hinted plays are never
     trained, nor plays that hung or were dropped with one (the survivors are, as in the official code); groups
-    whose returns all tie are dropped (departure 4, docs/details.md)."""
+    whose returns all tie are dropped (departure 4, docs/details.md). pi_sampling (TIS) is the sampler's record."""
     samples, groups = [], []
     for e in played:
         plays = unhinted_plays(e)
@@ -377,7 +376,6 @@ def agent_samples(played: list[PlayedEnv]) -> tuple[list, dict]:
         advantages = regret.agent_advantages(e.unhinted[-1], e.trained[-1])
         if not any(advantages):
             continue                    # a tie: no gradient
-        # note: pi_sampling is the sampler's own record (the official TIS: corrects bf16 / NF4 training)
         samples += [spade_mini.Sample(ep.token_ids, ep.loss_mask, adv, "agent", *[ep.rollout_logprobs] * 2)
                     for ep, adv, t in zip(plays, advantages, e.trained[-1]) if t]
     return samples, {"agent/zero_variance_frac": evaluate.zero_variance_fraction(groups) if groups else None}
@@ -504,6 +502,8 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
         raise runs.InputError(f"--resume: {ckpt}: {type(err).__name__}: {err} (remove it, then --rewind)") from err
     st.memory = envs.Memory(st.run.memory, st.cfg.memory_capacity, records)
     st.memory.save()
+    for stale in st.run.env_dir(st.window.start).glob("*.json") if st.window else ():   # scored in a lost timeline
+        stale.unlink()
 
 
 def size_to_card(cfg: Config) -> Config:

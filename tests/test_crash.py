@@ -12,6 +12,7 @@ import pytest
 
 import cli
 import runs
+import train
 from test_train import ECHO_ENV, TINY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -306,6 +307,24 @@ def test_a_damaged_newest_checkpoint_removed_the_run_resumes_from_the_one_before
     assert [r["step"] for r in records] == [0, 1]
     assert records[1]["agent/return_nohint"] == expected["agent/return_nohint"]   # the same step, recomputed
     assert json.loads((out / "config.json").read_text())["steps_ran"] == 2
+
+
+def test_a_window_still_open_at_the_resumed_checkpoint_has_no_scores_from_the_lost_timeline(tmp_path):
+    """A window of 2 scored at step 1, whose checkpoint is then lost: its envs/step_00000/*.json scores stayed
+    beside its programs after the rewind (export and report showed them), although at step 0's checkpoint it is
+    open: they are written again at its end, unless the resumed run stops first."""
+    pool = echo_pool(tmp_path)
+    out = tmp_path / "run"
+    argv = [*TINY[:TINY.index("--regen-interval")], "--regen-interval", "2", "--checkpoint-every", "1",
+            "--steps", "2", "--out", str(out), "--env-pool", str(pool)]
+    assert cli.main(["train", *argv]) == 0
+    assert sorted(p.suffix for p in (out / "envs" / "step_00000").iterdir()) == [".json", ".json", ".py", ".py"]
+    shutil.rmtree(out / "checkpoints" / "step_00001")
+    st, first_step = train.start(runs.Config(resume=str(out), steps=2, rewind=True))   # as the resume begins
+    runs.release_run(out)
+    assert first_step == 1 and (st.window.start, st.window.length) == (0, 2)
+    assert sorted(p.suffix for p in (out / "envs" / "step_00000").iterdir()) == [".py", ".py"]
+    assert not [r for r in runs.read_jsonl(out / "samples.jsonl") if r["kind"] == "window"]
 
 
 def test_after_a_rewind_a_later_crash_resumes_without_it(tmp_path, capsys):
