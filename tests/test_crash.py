@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,30 @@ def test_sigkill_then_resume_leaves_valid_files_and_every_step_once(tmp_path, po
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000", "step_00001"]
     if use_pool:
         assert sorted(p.name for p in (out / "envs").iterdir()) == ["step_00000", "step_00001"]
+
+
+def test_sigterm_sent_to_a_real_train_process_mid_run_is_one_line_exit_143_and_the_run_resumes(tmp_path):
+    """As `timeout` or `docker stop` ends it: a SIGTERM from outside while step 1 or 2 runs (model, sandbox
+    children, progress bars and all) gives exit 143, one line naming the resume, and every step once after it."""
+    pool = echo_pool(tmp_path)
+    out = tmp_path / "run"
+    argv = [*TINY, "--steps", "3", "--checkpoint-every", "1", "--out", str(out), "--env-pool", str(pool)]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", *argv], cwd=tmp_path, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step_00000" / "state.json").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "step 0 never reached its checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    said = [line for line in err.splitlines() if line.strip()]
+    assert said[-1] == f"spade-mini: terminated; continue with --resume {out}", err[-2000:]
+    assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 0
+    assert [r["step"] for r in runs.read_jsonl(out / "metrics.jsonl") if "step" in r] == [0, 1, 2]
 
 
 def test_resume_from_a_corrupted_checkpoint_is_a_one_line_error(tmp_path, capsys):
