@@ -369,10 +369,13 @@ def terminate(signum, frame) -> None:
     raise Terminated
 
 
-def interrupted(cfg, stop: KeyboardInterrupt) -> int:
-    """Ctrl-C or SIGTERM in train: the message on its own line (a progress bar may have left the line open)."""
+def interrupted(cfg, stop: KeyboardInterrupt, main: bool = True) -> int:
+    """Ctrl-C or SIGTERM in train: the message on its own line (a progress bar may have left the line open); under
+    torchrun, where every rank gets the signal, from rank 0 (`main`) alone."""
     resume = f"; continue with --resume {cfg.out}" if runs.Run(cfg.out).config.exists() else ""
-    print(f"\nspade-mini: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}{resume}", file=sys.stderr)
+    if main:
+        print(f"\nspade-mini: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}{resume}",
+              file=sys.stderr)
     return 143 if isinstance(stop, Terminated) else 130
 
 
@@ -416,7 +419,7 @@ def cmd_train(explicit: dict) -> int:
     try:
         train.train(cfg)
     except KeyboardInterrupt as stop:
-        return interrupted(cfg, stop)
+        return interrupted(cfg, stop, models.is_main())
     except runs.PeerError as err:
         print(f"spade-mini: error: {err}{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
         return 1

@@ -309,7 +309,8 @@ def test_ctrl_c_during_train_names_the_real_run_directory(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=interrupted_train,
                                                                    active_skills=lambda cfg, step: []))
-    monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None))
+    monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
+                                                                    is_main=lambda: True))
     assert cli.main(["train", "--model", "tiny-random"]) == 130
     err = capsys.readouterr().err.strip().splitlines()[-1]
     run_dir = err.rsplit("--resume ", 1)[-1]
@@ -317,7 +318,7 @@ def test_ctrl_c_during_train_names_the_real_run_directory(tmp_path, monkeypatch,
     assert (tmp_path / run_dir / "config.json").exists()
 
 
-def stub_train(monkeypatch, tmp_path, body):
+def stub_train(monkeypatch, tmp_path, body, rank: int = 0):
     """cli's train with train.train replaced by `body` (after it opens the run directory) and no torch."""
     def fake_train(cfg):
         runs.open_run(cfg)
@@ -326,7 +327,8 @@ def stub_train(monkeypatch, tmp_path, body):
     monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=fake_train, active_skills=lambda c, s: []))
     monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
                                                                     close_distributed=lambda: None,
-                                                                    SafetensorError=RuntimeError))
+                                                                    SafetensorError=RuntimeError,
+                                                                    is_main=lambda: rank == 0))
 
 
 def test_sigterm_during_train_stops_it_as_ctrl_c_does_with_exit_143(tmp_path, monkeypatch, capsys):
@@ -343,6 +345,18 @@ def test_sigterm_during_train_stops_it_as_ctrl_c_does_with_exit_143(tmp_path, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "spade-mini: terminated; continue with --resume r", err
     assert signal.getsignal(signal.SIGTERM) == before   # put back for whoever called it
+
+
+def test_under_torchrun_a_ctrl_c_is_said_once_by_rank_0(tmp_path, monkeypatch, capsys):
+    """Every rank gets Ctrl-C (or torchrun's SIGTERM): each printed the same line, once per rank."""
+    def interrupt():
+        raise KeyboardInterrupt
+    stub_train(monkeypatch, tmp_path, interrupt, rank=1)
+    assert cli.main(["train", "--model", "tiny-random", "--out", "r1"]) == 130
+    assert "interrupted" not in capsys.readouterr().err
+    stub_train(monkeypatch, tmp_path, interrupt, rank=0)
+    assert cli.main(["train", "--model", "tiny-random", "--out", "r"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("spade-mini: interrupted")
 
 
 def test_a_full_disk_during_train_is_one_line_naming_the_file_and_the_resume(tmp_path, monkeypatch, capsys):
@@ -665,7 +679,8 @@ def fake_train(monkeypatch, body):
     """train.train replaced by `body` (the model is never loaded)."""
     monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=body, active_skills=lambda cfg, step: []))
     monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
-                                                                     close_distributed=lambda: None))
+                                                                     close_distributed=lambda: None,
+                                                                     is_main=lambda: True))
 
 
 def test_ctrl_c_after_a_progress_bar_left_the_line_open_starts_its_own_line(tmp_path, monkeypatch, capsys):
