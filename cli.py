@@ -369,11 +369,17 @@ def terminate(signum, frame) -> None:
     raise Terminated
 
 
-def interrupted(cfg, stop: KeyboardInterrupt, main: bool = True) -> int:
+def first_rank() -> bool:
+    """Not a torchrun worker, or its rank 0: torchrun's RANK, read from the environment, so that it holds before
+    the process group is joined (while torch is imported) and after it is gone."""
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+def interrupted(cfg, stop: KeyboardInterrupt) -> int:
     """Ctrl-C or SIGTERM in train: the message on its own line (a progress bar may have left the line open); under
-    torchrun, where every rank gets the signal, from rank 0 (`main`) alone."""
+    torchrun, where every rank gets the signal, from rank 0 alone."""
     resume = f"; continue with --resume {cfg.out}" if runs.Run(cfg.out).config.exists() else ""
-    if main:
+    if first_rank():
         print(f"\nspade-mini: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}{resume}",
               file=sys.stderr)
     return 143 if isinstance(stop, Terminated) else 130
@@ -419,7 +425,7 @@ def cmd_train(explicit: dict) -> int:
     try:
         train.train(cfg)
     except KeyboardInterrupt as stop:
-        return interrupted(cfg, stop, models.is_main())
+        return interrupted(cfg, stop)
     except runs.PeerError as err:
         print(f"spade-mini: error: {err}{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
         return 1
@@ -1112,7 +1118,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spade-mini: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as stop:   # a second Ctrl-C or SIGTERM while the first was being reported
-        print(f"spade-mini: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}", file=sys.stderr)
+        if first_rank():
+            print(f"spade-mini: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
     except BrokenPipeError:   # `| head` stopped reading: quiet, and nothing left for the exit-time flush to write
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

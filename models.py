@@ -758,7 +758,8 @@ def _left_pad(rows: list[list[int]], pad_id: int, width: int, device) -> tuple[t
 def tempered_logprobs(logits: torch.Tensor, temperature: float, *, in_place: bool = False) -> torch.Tensor:
     """log softmax(logits / T) over the last axis, in fp32: the log-prob of drawing each token at temperature T.
     T = 0 (greedy sampling has no temperature) scores at T = 1. The one rule the sampler's record (Sampler) and the
-    update's spade_mini.token_logprobs share; in_place divides a fresh fp32 logits block itself (no second block)."""
+    update's spade_mini.token_logprobs share. in_place: an fp32 `logits` is divided in place (no second block), so
+    the caller must not use it afterwards (the update's fresh LM-head output); other dtypes are copied anyway."""
     t = temperature if temperature > 0 else 1.0
     logits = logits.float()
     return (logits.div_(t) if in_place else logits / t).log_softmax(-1)

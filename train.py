@@ -502,8 +502,8 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
         raise runs.InputError(f"--resume: {ckpt}: {type(err).__name__}: {err} (remove it, then --rewind)") from err
     st.memory = envs.Memory(st.run.memory, st.cfg.memory_capacity, records)
     st.memory.save()
-    for stale in st.run.env_dir(st.window.start).glob("*.json") if st.window else ():   # scored in a lost timeline
-        stale.unlink()
+    for e in st.window.envs if st.window else ():   # an open window's scores were written in a lost timeline
+        (st.run.env_dir(st.window.start) / f"{e.env_id}.json").unlink(missing_ok=True)
 
 
 def size_to_card(cfg: Config) -> Config:

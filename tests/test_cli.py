@@ -309,8 +309,7 @@ def test_ctrl_c_during_train_names_the_real_run_directory(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=interrupted_train,
                                                                    active_skills=lambda cfg, step: []))
-    monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
-                                                                    is_main=lambda: True))
+    monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None))
     assert cli.main(["train", "--model", "tiny-random"]) == 130
     err = capsys.readouterr().err.strip().splitlines()[-1]
     run_dir = err.rsplit("--resume ", 1)[-1]
@@ -318,7 +317,7 @@ def test_ctrl_c_during_train_names_the_real_run_directory(tmp_path, monkeypatch,
     assert (tmp_path / run_dir / "config.json").exists()
 
 
-def stub_train(monkeypatch, tmp_path, body, rank: int = 0):
+def stub_train(monkeypatch, tmp_path, body):
     """cli's train with train.train replaced by `body` (after it opens the run directory) and no torch."""
     def fake_train(cfg):
         runs.open_run(cfg)
@@ -327,8 +326,7 @@ def stub_train(monkeypatch, tmp_path, body, rank: int = 0):
     monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=fake_train, active_skills=lambda c, s: []))
     monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
                                                                     close_distributed=lambda: None,
-                                                                    SafetensorError=RuntimeError,
-                                                                    is_main=lambda: rank == 0))
+                                                                    SafetensorError=RuntimeError))
 
 
 def test_sigterm_during_train_stops_it_as_ctrl_c_does_with_exit_143(tmp_path, monkeypatch, capsys):
@@ -347,16 +345,21 @@ def test_sigterm_during_train_stops_it_as_ctrl_c_does_with_exit_143(tmp_path, mo
     assert signal.getsignal(signal.SIGTERM) == before   # put back for whoever called it
 
 
-def test_under_torchrun_a_ctrl_c_is_said_once_by_rank_0(tmp_path, monkeypatch, capsys):
-    """Every rank gets Ctrl-C (or torchrun's SIGTERM): each printed the same line, once per rank."""
+@pytest.mark.parametrize("rank,said", [("1", False), ("0", True), ("", True)])
+def test_under_torchrun_a_ctrl_c_is_said_once_by_rank_0(tmp_path, monkeypatch, capsys, rank, said):
+    """Every rank gets Ctrl-C (or torchrun's SIGTERM): each printed the same line, once per rank; a second one
+    while the first is being said (main's handler) too. RANK is torchrun's; "" or unset: no torchrun."""
     def interrupt():
         raise KeyboardInterrupt
-    stub_train(monkeypatch, tmp_path, interrupt, rank=1)
-    assert cli.main(["train", "--model", "tiny-random", "--out", "r1"]) == 130
-    assert "interrupted" not in capsys.readouterr().err
-    stub_train(monkeypatch, tmp_path, interrupt, rank=0)
+    def twice(cfg, stop):
+        raise KeyboardInterrupt
+    monkeypatch.setenv("RANK", rank)
+    stub_train(monkeypatch, tmp_path, interrupt)
     assert cli.main(["train", "--model", "tiny-random", "--out", "r"]) == 130
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("spade-mini: interrupted")
+    assert ("spade-mini: interrupted" in capsys.readouterr().err) is said
+    monkeypatch.setattr(cli, "interrupted", twice)
+    assert cli.main(["train", "--model", "tiny-random", "--out", "r2"]) == 130
+    assert ("spade-mini: interrupted" in capsys.readouterr().err) is said
 
 
 def test_a_full_disk_during_train_is_one_line_naming_the_file_and_the_resume(tmp_path, monkeypatch, capsys):
@@ -679,8 +682,7 @@ def fake_train(monkeypatch, body):
     """train.train replaced by `body` (the model is never loaded)."""
     monkeypatch.setitem(sys.modules, "train", types.SimpleNamespace(train=body, active_skills=lambda cfg, step: []))
     monkeypatch.setitem(sys.modules, "models", types.SimpleNamespace(init_distributed=lambda timeout: None,
-                                                                     close_distributed=lambda: None,
-                                                                     is_main=lambda: True))
+                                                                     close_distributed=lambda: None))
 
 
 def test_ctrl_c_after_a_progress_bar_left_the_line_open_starts_its_own_line(tmp_path, monkeypatch, capsys):

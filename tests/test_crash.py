@@ -60,11 +60,12 @@ def test_sigkill_then_resume_leaves_valid_files_and_every_step_once(tmp_path, po
 
 
 def test_sigterm_sent_to_a_real_train_process_mid_run_is_one_line_exit_143_and_the_run_resumes(tmp_path):
-    """As `timeout` or `docker stop` ends it: a SIGTERM from outside while step 1 or 2 runs (model, sandbox
-    children, progress bars and all) gives exit 143, one line naming the resume, and every step once after it."""
+    """As `timeout` or `docker stop` ends it: a SIGTERM from outside just after step 0's checkpoint (model, sandbox
+    children and the log's progress lines all live) gives exit 143, one line naming the resume, and every step
+    once after it. Steps 1-4 are the margin: seconds each, against a signal sent within 50 ms."""
     pool = echo_pool(tmp_path)
     out = tmp_path / "run"
-    argv = [*TINY, "--steps", "3", "--checkpoint-every", "1", "--out", str(out), "--env-pool", str(pool)]
+    argv = [*TINY, "--steps", "5", "--checkpoint-every", "1", "--out", str(out), "--env-pool", str(pool)]
     proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", *argv], cwd=tmp_path, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -79,8 +80,8 @@ def test_sigterm_sent_to_a_real_train_process_mid_run_is_one_line_exit_143_and_t
     assert proc.returncode == 143, err[-2000:]
     said = [line for line in err.splitlines() if line.strip()]
     assert said[-1] == f"spade-mini: terminated; continue with --resume {out}", err[-2000:]
-    assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 0
-    assert [r["step"] for r in runs.read_jsonl(out / "metrics.jsonl") if "step" in r] == [0, 1, 2]
+    assert cli.main(["train", "--resume", str(out), "--steps", "5"]) == 0
+    assert [r["step"] for r in runs.read_jsonl(out / "metrics.jsonl") if "step" in r] == [0, 1, 2, 3, 4]
 
 
 def test_resume_from_a_corrupted_checkpoint_is_a_one_line_error(tmp_path, capsys):
@@ -335,21 +336,24 @@ def test_a_damaged_newest_checkpoint_removed_the_run_resumes_from_the_one_before
 
 
 def test_a_window_still_open_at_the_resumed_checkpoint_has_no_scores_from_the_lost_timeline(tmp_path):
-    """A window of 2 scored at step 1, whose checkpoint is then lost: its envs/step_00000/*.json scores stayed
-    beside its programs after the rewind (export and report showed them), although at step 0's checkpoint it is
-    open: they are written again at its end, unless the resumed run stops first."""
+    """Windows of 2 steps (0-1, 2-3), the second scored at step 3, whose checkpoint is then lost: its
+    envs/step_00002/*.json scores stayed beside its programs after the rewind (export and report showed them),
+    although at step 2's checkpoint it is open: they are written again at its end, unless the resumed run stops
+    first. The first window, closed at that checkpoint, keeps its scores."""
     pool = echo_pool(tmp_path)
     out = tmp_path / "run"
-    argv = [*TINY[:TINY.index("--regen-interval")], "--regen-interval", "2", "--checkpoint-every", "1",
-            "--steps", "2", "--out", str(out), "--env-pool", str(pool)]
+    argv = [*TINY, "--regen-interval", "2", "--checkpoint-every", "1", "--keep-checkpoints", "2", "--steps", "4",
+            "--out", str(out), "--env-pool", str(pool)]   # the later --regen-interval wins
     assert cli.main(["train", *argv]) == 0
-    assert sorted(p.suffix for p in (out / "envs" / "step_00000").iterdir()) == [".json", ".json", ".py", ".py"]
-    shutil.rmtree(out / "checkpoints" / "step_00001")
-    st, first_step = train.start(runs.Config(resume=str(out), steps=2, rewind=True))   # as the resume begins
+    for step in ("step_00000", "step_00002"):
+        assert sorted(p.suffix for p in (out / "envs" / step).iterdir()) == [".json", ".json", ".py", ".py"]
+    shutil.rmtree(out / "checkpoints" / "step_00003")
+    st, first_step = train.start(runs.Config(resume=str(out), steps=4, rewind=True))   # as the resume begins
     runs.release_run(out)
-    assert first_step == 1 and (st.window.start, st.window.length) == (0, 2)
-    assert sorted(p.suffix for p in (out / "envs" / "step_00000").iterdir()) == [".py", ".py"]
-    assert not [r for r in runs.read_jsonl(out / "samples.jsonl") if r["kind"] == "window"]
+    assert first_step == 3 and (st.window.start, st.window.length) == (2, 2)
+    assert sorted(p.suffix for p in (out / "envs" / "step_00002").iterdir()) == [".py", ".py"]
+    assert sorted(p.suffix for p in (out / "envs" / "step_00000").iterdir()) == [".json", ".json", ".py", ".py"]
+    assert [r["step"] for r in runs.read_jsonl(out / "samples.jsonl") if r["kind"] == "window"] == [1]
 
 
 def test_after_a_rewind_a_later_crash_resumes_without_it(tmp_path, capsys):
