@@ -43,10 +43,12 @@ from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.tuners.lora.layer import Linear as LoraLinear
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, CompileConfig, DynamicCache,
-                          GenerationConfig, GgufConfig, LlamaConfig, LogitsProcessor, LogitsProcessorList,
+from transformers import (AttentionInterface, AttentionMaskInterface, AutoModelForCausalLM, AutoTokenizer,
+                          BitsAndBytesConfig, CompileConfig, DynamicCache, GenerationConfig, GgufConfig, LlamaConfig, LogitsProcessor, LogitsProcessorList,
                           PrefixConstrainedLogitsProcessor, StaticCache, StoppingCriteriaList)
 from transformers.cache_utils import Cache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 from transformers.modeling_layers import GradientCheckpointingLayer  # the decoder layers, not the stack
 
 import runs
@@ -69,11 +71,33 @@ def _decide_device(quantize: str) -> tuple[str, torch.dtype, bool, str]:
 
 
 def _attention(requested: str, device: str) -> str:
-    """flash_attention_2 when installed (CUDA only), else sdpa; both avoid a T x T attention matrix on GPU."""
+    """flash_attention_2 when installed (CUDA only), else sdpa (on a CPU sdpa_cpu, below); both avoid a T x T
+    attention matrix on GPU."""
     if requested != "auto":
         return requested
     has_flash = importlib.util.find_spec("flash_attn") is not None
-    return "flash_attention_2" if device == "cuda" and has_flash else "sdpa"
+    return "flash_attention_2" if device == "cuda" and has_flash else "sdpa" if device == "cuda" else "sdpa_cpu"
+
+
+def sdpa_cpu(module, query, key, value, attention_mask, **kwargs):
+    """HF's sdpa, except for a CPU decode step with no mask (rows of one length: a play's group of one prompt).
+    There HF asks torch's kernel for grouped-query attention (enable_gqa), which computes each query head against
+    its shared key/value head on its own; here each key/value head's query heads are one block of queries
+    against it (what HF itself does for a masked step, pack_gqa): the same attention, 13x faster in bf16 and 2x
+    in fp32 for a Qwen2.5-1.5B layer at 6 rows of 1,280 columns (8.8 vs 0.67 ms a layer in bf16: 0.25 s of a
+    0.37 s decode step; 2-core AMD EPYC with avx512_bf16, torch 2.13)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.device.type != "cpu" or query.shape[2] != 1 or attention_mask is not None or groups == 1 \
+            or kwargs.get("dropout", 0.0) or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    b, heads, _, d = query.shape   # (B, H, 1, D) -> (B, H_kv, groups, D): the queries of key/value head h together
+    out = F.scaled_dot_product_attention(query.reshape(b, heads // groups, groups, d), key, value,
+                                         scale=kwargs.get("scaling"))
+    return out.reshape(b, heads, 1, d).transpose(1, 2).contiguous(), None   # (B, 1, H, D), as HF's
+
+
+AttentionInterface.register("sdpa_cpu", sdpa_cpu)
+AttentionMaskInterface.register("sdpa_cpu", sdpa_mask)   # sdpa's masks: none where every row is full
 
 
 def _gguf_cache(gguf: Path, cache_dir: str, with_model: bool = True) -> Path:
