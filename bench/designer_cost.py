@@ -11,7 +11,9 @@
   for MKL's sgemm) on ROWS designer-sized prompts, each step timed by the loop's own token counter (the median of
   STEPS); its bound is the bytes a decode step must read (the weights in the dtype they decode in, plus the rows'
   KV cache) over the copy bandwidth, and the ratio is bound / measured; in fp32, first the same decode from plain
-  merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples the same tokens);
+  merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples the same tokens); then the
+  same with HF's sdpa instead of the loop's models.sdpa_cpu (the prompts are of one length, as a play group's:
+  no mask, the case it changes), its speedup and whether it samples the same tokens;
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
   it (models.selective_checkpoint on, in bf16 models.bf16_head too), of each with that lever off (the full
@@ -336,8 +338,16 @@ def main() -> None:
         _, plain_steps, plain_tokens = decode_timed(model, tok, prompts, args.steps, kw)
         models.PACK_DECODE = True
         report(out, "decode_plain_s_per_step", round(statistics.median(plain_steps), 3))
+    attention = model.config._attn_implementation   # the loop's (sdpa_cpu) against HF's sdpa, which it replaces
+    model.config._attn_implementation = "sdpa"
+    _, hf_steps, hf_tokens = decode_timed(model, tok, prompts, args.steps, kw)
+    model.config._attn_implementation = attention
+    report(out, "decode_hf_sdpa_s_per_step", round(statistics.median(hf_steps), 3))
     prefill_s, steps, tokens = decode_timed(model, tok, prompts, args.steps, kw)
     decode_s = statistics.median(steps)
+    report(out, "decode_attention", attention)
+    report(out, "decode_attention_speedup", round(statistics.median(hf_steps) / decode_s, 2))
+    report(out, "decode_attention_same_tokens", tokens == hf_tokens)
     if not bf16:
         report(out, "decode_packed_speedup", round(statistics.median(plain_steps) / decode_s, 2))
         report(out, "decode_packed_same_tokens", tokens == plain_tokens)
