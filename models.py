@@ -83,12 +83,14 @@ def sdpa_cpu(module, query, key, value, attention_mask, **kwargs):
     """HF's sdpa, except for a CPU decode step with no mask (rows of one length: a play's group of one prompt).
     There HF asks torch's kernel for grouped-query attention (enable_gqa), which computes each query head against
     its shared key/value head on its own; here each key/value head's query heads are one block of queries
-    against it (what HF itself does for a masked step, pack_gqa): the same attention, 13x faster in bf16 and 2x
-    in fp32 for a Qwen2.5-1.5B layer at 6 rows of 1,280 columns (8.8 vs 0.67 ms a layer in bf16: 0.25 s of a
-    0.37 s decode step; 2-core AMD EPYC with avx512_bf16, torch 2.13)."""
+    against it (what HF itself does for a masked step, pack_gqa). A Qwen2.5-1.5B layer at 6 rows of 1,280
+    columns: 0.67 instead of 8.8 ms in bf16, 0.58 instead of 1.08 in fp32; a bf16 decode step of the designer's
+    shape 0.12-0.15 s instead of 0.37-0.42 (2-core AMD EPYC with avx512_bf16, torch 2.13, docs/benchmarks.md).
+    The same attention: in fp32 the 1.5B's log-probs within 3e-5 of HF's; in bf16 the two kernels round
+    differently, each as far from the fp32 step (KL 0.00081 and 0.00085), so the sampled tokens part."""
     groups = getattr(module, "num_key_value_groups", 1)
     if query.device.type != "cpu" or query.shape[2] != 1 or attention_mask is not None or groups == 1 \
-            or kwargs.get("dropout", 0.0) or kwargs.get("position_bias") is not None:
+            or kwargs.get("dropout", 0.0) or kwargs.get("position_bias") is not None or kwargs.get("softcap"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     b, heads, _, d = query.shape   # (B, H, 1, D) -> (B, H_kv, groups, D): the queries of key/value head h together
     out = F.scaled_dot_product_attention(query.reshape(b, heads // groups, groups, d), key, value,
