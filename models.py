@@ -84,18 +84,20 @@ def sdpa_cpu(module, query, key, value, attention_mask, **kwargs):
     There HF asks torch's kernel for grouped-query attention (enable_gqa), which computes each query head against
     its shared key/value head on its own; here each key/value head's query heads are one block of queries
     against it (what HF itself does for a masked step, pack_gqa). A Qwen2.5-1.5B layer at 6 rows of 1,280
-    columns: 0.67 instead of 8.8 ms in bf16, 0.58 instead of 1.08 in fp32; a bf16 decode step of the designer's
-    shape 0.12-0.15 s instead of 0.37-0.42 (2-core AMD EPYC with avx512_bf16, torch 2.13, docs/benchmarks.md).
+    columns, the cache read from memory: 1.07 instead of 10.3 ms in bf16, 1.13 instead of 1.81 in fp32
+    (bench/decode_attention.py); a bf16 decode step of 6 such rows 0.12-0.15 s instead of 0.37-0.42
+    (bench/designer_cost.py; 2-core AMD EPYC with avx512_bf16, torch 2.13, docs/benchmarks.md).
     The same attention: in fp32 the 1.5B's log-probs within 3e-5 of HF's; in bf16 the two kernels round
     differently, each as far from the fp32 step (KL 0.00081 and 0.00085), so the sampled tokens part."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    if query.device.type != "cpu" or query.shape[2] != 1 or attention_mask is not None or groups == 1 \
-            or kwargs.get("dropout", 0.0) or kwargs.get("position_bias") is not None or kwargs.get("softcap"):
+    b, heads, _, d = query.shape
+    groups = heads // key.shape[1]   # query heads per key/value head
+    if query.device.type != "cpu" or query.shape[2] != 1 or attention_mask is not None or groups < 2 \
+            or groups * key.shape[1] != heads or kwargs.get("dropout", 0.0) or torch.compiler.is_compiling() \
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    b, heads, _, d = query.shape   # (B, H, 1, D) -> (B, H_kv, groups, D): the queries of key/value head h together
     out = F.scaled_dot_product_attention(query.reshape(b, heads // groups, groups, d), key, value,
-                                         scale=kwargs.get("scaling"))
-    return out.reshape(b, heads, 1, d).transpose(1, 2).contiguous(), None   # (B, 1, H, D), as HF's
+                                         scale=kwargs.get("scaling"))   # (B, H_kv, groups, D_v): head h's queries
+    return out.reshape(b, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None   # (B, 1, H, D_v), as HF's
 
 
 AttentionInterface.register("sdpa_cpu", sdpa_cpu)
