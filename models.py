@@ -44,8 +44,9 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import (AttentionInterface, AttentionMaskInterface, AutoModelForCausalLM, AutoTokenizer,
-                          BitsAndBytesConfig, CompileConfig, DynamicCache, GenerationConfig, GgufConfig, LlamaConfig, LogitsProcessor, LogitsProcessorList,
-                          PrefixConstrainedLogitsProcessor, StaticCache, StoppingCriteriaList)
+                          BitsAndBytesConfig, CompileConfig, DynamicCache, GenerationConfig, GgufConfig, LlamaConfig,
+                          LogitsProcessor, LogitsProcessorList, PrefixConstrainedLogitsProcessor, StaticCache,
+                          StoppingCriteriaList)
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
