@@ -86,7 +86,7 @@ def sdpa_cpu(module, query, key, value, attention_mask, **kwargs):
     its shared key/value head on its own; here each key/value head's query heads are one block of queries
     against it (what HF itself does for a masked step, pack_gqa). A Qwen2.5-1.5B layer at 6 rows of 1,280
     columns, the cache read from memory: 1.07 instead of 10.3 ms in bf16, 1.13 instead of 1.81 in fp32
-    (bench/decode_attention.py); a bf16 decode step of 6 such rows 0.12-0.15 s instead of 0.37-0.42
+    (bench/decode_attention.py); a bf16 decode step of 6 such rows 0.12-0.16 s instead of 0.37-0.42
     (bench/designer_cost.py; 2-core AMD EPYC with avx512_bf16, torch 2.13, docs/benchmarks.md).
     The same attention: in fp32 the 1.5B's log-probs within 3e-5 of HF's; in bf16 the two kernels round
     differently, each as far from the fp32 step (KL 0.00081 and 0.00085), so the sampled tokens part."""
