@@ -1,7 +1,8 @@
 """The designer window's two costly parts against the CPU's own limits, measured in one process.
 
 * the machine: the matmul peak in fp32 and bf16, the best of the 1.5B's MLP shapes (2048 tokens x 1536 x 8960 and
-  back) with the weight stored either way and a 4096 cube, and a 1 GiB tensor copy (the memory bandwidth); at the
+  back) with the weight stored either way and a 4096 cube, a 1 GiB tensor copy (the memory bandwidth) and, for
+  information, a 1 GiB read (an fp32 sum: what a stream of weights could reach); at the
   end the peak of the update's dtype and the bandwidth again (yardsticks_at_end): the ratios, printed last, take
   the best of the two (and for the peak, of the rate the update's own matmuls ran at), as a yardstick measured in
   one of a shared VM's slow spells would flatter them; and, for information beside the peak, the rate the MLP
@@ -13,7 +14,10 @@
   KV cache) over the copy bandwidth, and the ratio is bound / measured; in fp32, first the same decode from plain
   merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples the same tokens); then the
   same with HF's sdpa instead of the loop's models.sdpa_cpu (the prompts are of one length, as a play group's:
-  no mask, the case it changes), its speedup and whether it samples the same tokens;
+  no mask, the case it changes), its speedup and whether it samples the same tokens; then where a step's time
+  goes (decode_parts): the loop's linear layers alone, all in a row (the rate they stream their weights at), the
+  attention of every layer alone, the rest (norms, rotary, sampling, Python) the step less both, and the ratio
+  the decode would reach if attention and the rest took no time (the ceiling its linears set);
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
   it (models.selective_checkpoint on, in bf16 models.bf16_head too), of each with that lever off (the full
@@ -181,6 +185,13 @@ def copy_gbps(torch, gib: float = 1.0, reps: int = 5) -> float:
     return 2 * src.numel() * 4 / best_seconds(lambda: dst.copy_(src), reps) / 1e9
 
 
+def read_gbps(torch, gib: float = 1.0, reps: int = 5) -> float:
+    """Bytes per second of a large tensor read (an fp32 sum), the best of `reps`: what a decode's weights could
+    stream at, beside the copy bandwidth the bound takes."""
+    src = torch.ones(int(gib * 2**30) // 4)
+    return src.numel() * 4 / best_seconds(lambda: src.sum(), reps) / 1e9
+
+
 def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> tuple[float, list[float], list]:
     """The loop's generate of 1 + `steps` tokens, timed by the loop's own token counter -> (seconds to the first
     token: the weight copies, the prompts' prefill and the first token; the seconds of each decode step after it,
@@ -199,6 +210,32 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> 
     finally:
         models._CountTokens = counter
     return stamps[1] - start, [b - a for a, b in zip(stamps[1:], stamps[2:])], [r.completion_ids for r in rows]
+
+
+def decode_parts(model, rows: int, columns: int, bf16: bool, reps: int = 5) -> dict:
+    """Where a decode step's time goes, each part alone as the loop computes it, its tensors read from memory (not
+    from the CPU's cache): every linear layer in the model's order (the LM head too) on one column of `rows` rows,
+    inside models.generation_weights (bf16: copies packed for oneDNN; fp32: merged, packed for MKL's sgemm); the
+    attention (models.sdpa_cpu) of every layer against a `columns`-column cache of its own, as a decode step of
+    rows of one length calls it -> seconds of each, the linears' weight bytes and the rate they stream them at."""
+    import torch
+    import models
+    shape, dtype = model.config, torch.bfloat16 if bf16 else torch.float32
+    with torch.no_grad(), models.generation_weights(model, bf16):
+        linears = [m for name, m in model.named_modules() if type(m) is torch.nn.Linear and "lora_" not in name]
+        inputs = {m.in_features: torch.randn(rows, 1, m.in_features, dtype=dtype) for m in linears}
+        linears_s = best_seconds(lambda: [m(inputs[m.in_features]) for m in linears], reps)
+    weight_bytes = sum(m.in_features * m.out_features for m in linears) * dtype.itemsize
+    heads, kv = shape.num_attention_heads, shape.num_key_value_heads
+    width = shape.hidden_size // heads
+    module = next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
+    layers = [(torch.randn(rows, heads, 1, width, dtype=dtype), torch.randn(rows, kv, columns, width, dtype=dtype),
+               torch.randn(rows, kv, columns, width, dtype=dtype)) for _ in range(shape.num_hidden_layers)]
+    with torch.no_grad():
+        attention_s = best_seconds(lambda: [models.sdpa_cpu(module, q, k, v, None, scaling=width ** -0.5)
+                                            for q, k, v in layers], reps)
+    return {"linears_s": linears_s, "linear_weight_bytes": weight_bytes, "linears_gbps": weight_bytes / linears_s / 1e9,
+            "attention_s": attention_s}
 
 
 def reset_peak_rss() -> bool:
@@ -315,6 +352,7 @@ def main() -> None:
     report(out, "matmul_bf16_gflops_at_start", round(peaks["bf16"][0], 1))
     bandwidths = [copy_gbps(torch)]
     report(out, "copy_gbps_at_start", round(bandwidths[0], 1))
+    report(out, "read_gbps_at_start", round(read_gbps(torch), 1))
     cfg = runs.Config(**{**runs.PRESETS["cpu-1.5b"], "model": args.model, "train_bf16": args.train_bf16,
                          "generate_bf16": args.generate_bf16})
     model, tok, _ = models.load_model(cfg.model, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
@@ -361,6 +399,11 @@ def main() -> None:
     report(out, "prefill_gflops", round(prefill_flops / prefill_s / 1e9, 1))
     report(out, "decode_s_per_step", round(decode_s, 3))
     report(out, "decode_bytes_per_step_gb", round(step_bytes / 1e9, 2))
+    parts = decode_parts(model, args.rows, args.prompt_tokens + args.steps // 2, bf16)   # where a step's time goes
+    report(out, "decode_linears_s_per_step", round(parts["linears_s"], 3))
+    report(out, "decode_linears_gbps", round(parts["linears_gbps"], 1))
+    report(out, "decode_attention_s_per_step", round(parts["attention_s"], 3))
+    report(out, "decode_rest_s_per_step", round(decode_s - parts["linears_s"] - parts["attention_s"], 3))
 
     # the update: designer-sized samples, checkpointing on and off
     samples = [spade_mini.Sample(p + torch.randint(200, 20000, (args.program_tokens,), generator=g).tolist(),
@@ -401,6 +444,8 @@ def main() -> None:
     bound_s = step_bytes / (bandwidth * 1e9)
     report(out, "decode_bound_s_per_step", round(bound_s, 3))
     report(out, "decode_over_bandwidth_bound", round(bound_s / decode_s, 3))
+    # the ratio the decode would reach if attention and the rest took no time: the ceiling its linears set
+    report(out, "decode_over_bandwidth_bound_linears_alone", round(bound_s / parts["linears_s"], 3))
     def over(seconds: float, yardstick: float = peak) -> float:   # the update's useful FLOP/s over a yardstick
         return round(gflops(useful, seconds) / yardstick, 3)
     report(out, "update_first_useful_over_peak", over(results[0]["seconds"]))

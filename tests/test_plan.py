@@ -268,6 +268,22 @@ def test_a_profiled_update_s_seconds_and_flops_by_kind_by_hand():
     assert bench.by_kind([("aten.mm", 8), ("aten.addmm", 4)]) == {"matmul": 12, "attention": 0, "rest": 0}
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_decode_s_parts_stream_every_linear_weight_once(tiny_model, bf16):
+    """bench/designer_cost.decode_parts on the tiny model: the linears it times are each layer's q, k, v, o, gate,
+    up and down and the LM head, by the config's shapes in the decode's dtype (not the LoRA's A and B, off while
+    generating); the weights are the model's own again after (generation_weights puts them back)."""
+    model, _ = tiny_model
+    c = model.config
+    q, kv = c.hidden_size, c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+    layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    got = designer_cost().decode_parts(model, rows=3, columns=10, bf16=bf16, reps=1)
+    assert got["linear_weight_bytes"] == (c.num_hidden_layers * layer + c.vocab_size * c.hidden_size) * (2 if bf16 else 4)
+    assert got["linears_s"] > 0 and got["attention_s"] > 0
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
 def test_where_the_update_s_time_goes_counts_each_matmul_once_under_the_selective_checkpoint():
     """bench/designer_cost.where_time_goes on a layer checkpointed with the update's policy: its forward addmm
     (2 x 128 x 64 x 32 FLOPs) and the backward's two mm are counted once each, not the profiler's way (the addmm
