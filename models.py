@@ -86,7 +86,7 @@ def sdpa_cpu(module, query, key, value, attention_mask, **kwargs):
     its shared key/value head on its own; here each key/value head's query heads are one block of queries
     against it (what HF itself does for a masked step, pack_gqa). A Qwen2.5-1.5B layer at 6 rows of 1,280
     columns, the cache read from memory: 1.07 instead of 10.3 ms in bf16, 1.13 instead of 1.81 in fp32
-    (bench/decode_attention.py); a bf16 decode step of 6 such rows 0.12-0.16 s instead of 0.37-0.42
+    (bench/decode_attention.py); a bf16 decode step of 6 such rows 0.12-0.16 s instead of 0.37-0.60
     (bench/designer_cost.py; 2-core AMD EPYC with avx512_bf16, torch 2.13, docs/benchmarks.md).
     The same attention: in fp32 the 1.5B's log-probs within 3e-5 of HF's; in bf16 the two kernels round
     differently, each as far from the fp32 step (KL 0.00081 and 0.00085), so the sampled tokens part."""
@@ -802,7 +802,7 @@ class Sampler(LogitsProcessor):
     play is bench/play_bench.py's `of_which_sampler_s`).
     temperature 0: greedy (argmax).
 
-    It also records the sampling policy's log-prob of every drawn token, log softmax(logits / score_temperature)
+    It also records the sampling policy's log-prob of every drawn token, log softmax(logits / temperature)
     over the full vocabulary (tempered_logprobs, as the update's token_logprobs): the rollout side of
     the rollout/trainer mismatch (spade_mini.mismatch).
 
@@ -811,9 +811,8 @@ class Sampler(LogitsProcessor):
     goes when the probability mass up to and including it is <= 1 - top_p; the most likely always stays.
     """
 
-    def __init__(self, temperature: float, top_k: int, top_p: float, score_temperature: float | None = None):
+    def __init__(self, temperature: float, top_k: int, top_p: float):
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-        self.score_temperature = score_temperature or temperature
         self.logprobs: list[torch.Tensor] = []   # one (B,) tensor per step
 
     def kept(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -834,7 +833,7 @@ class Sampler(LogitsProcessor):
             token = ids.gather(1, torch.multinomial(top.softmax(-1), 1))  # (B, 1)
         else:
             token = scores.argmax(-1, keepdim=True)  # (B, 1)
-        logp = tempered_logprobs(scores, self.score_temperature)  # (B, V)
+        logp = tempered_logprobs(scores, self.temperature)  # (B, V)
         self.logprobs.append(logp.gather(1, token).squeeze(1))
         return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)  # (B, V): HF's argmax takes token
 
@@ -1142,7 +1141,7 @@ def _prefill_new(model, ids: torch.Tensor, mask: torch.Tensor, cache: GrowingCac
 
 def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_real: int, max_new_tokens: int,
                  temperature: float, top_p: float, top_k: int, seed: int, static_cache: bool,
-                 score_temperature: float | None = None, allowed=None, bf16: bool = False):
+                 allowed=None, bf16: bool = False):
     """One HF `generate` on padded ids/mask (B, T), continuing `cache` if given (a new GrowingCache if not).
     -> (ids (B, T + N), cache, the sampler's log-probs (B, N)). allowed(row, ids) -> the token ids that row may
     take next (HF's prefix_allowed_tokens_fn: constrained decoding, used by bench/learning.py's
@@ -1152,7 +1151,7 @@ def _hf_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, *, cache, n_
     The tokens are drawn by Sampler (a logits processor: temperature, top-k, top-p over the kept logits) and
     HF decodes greedily on its output; unquantized fp32 LoRA weights are merged for the call (lora_merged);
     the identical rows of a first prompt are prefilled once (_prefill_shared)."""
-    sampler = Sampler(temperature, top_k, top_p, score_temperature)
+    sampler = Sampler(temperature, top_k, top_p)
     # note: HF's own warpers stay off (greedy, neutral knobs); an unset field would be filled from the model's
     # generation_config (Qwen3: top_k 20, T 0.7) and HF would warn about each one
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=1.0,
