@@ -559,6 +559,20 @@ def tool_line(env, line: str, tools: dict) -> str | None:
     return "\n\n".join(results)
 
 
+def listed_tools(env, setting: str) -> dict | None:
+    """The tools `play` lists in the tool-use setting (envs.parse_tools), None in the games setting. A program
+    without self.tools (a games environment) fails there as the sandbox says, and the line says what to do."""
+    if setting != "tool_use":
+        return None
+    try:
+        return envs.parse_tools(env.call(":tools"))
+    except SandboxError as err:
+        if err.detail.endswith("has no attribute 'tools'"):
+            raise SandboxError(err.reason, f"{err.detail} (a games environment? play it without --setting "
+                                           "tool_use)") from None
+        raise
+
+
 def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
                   limits: Limits = Limits(), setting: str = "games") -> dict:
     """Replay typed actions (one per turn, wrapped as in interactive play) until the episode ends, the actions
@@ -570,7 +584,7 @@ def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
     try:
         with envs.open_env(code, max_turns, limits) as env:
             transcript.append({"turn": 0, "observation": envs.parse_reset(env.call("reset", seed))})
-            tools = envs.parse_tools(env.call(":tools")) if setting == "tool_use" else None
+            tools = listed_tools(env, setting)
             for text in actions:
                 if turns >= (env.max_turns or max_turns):
                     break
@@ -624,7 +638,7 @@ def play_interactive(code: str, seed: int, max_turns: int, limits: Limits, setti
     try:
         with envs.open_env(code, max_turns, limits) as env:
             print(envs.parse_reset(env.call("reset", seed)))
-            tools = envs.parse_tools(env.call(":tools")) if setting == "tool_use" else None
+            tools = listed_tools(env, setting)
             if tools:
                 print(json.dumps(envs.tool_schemas(tools), indent=1))
             truncated = False

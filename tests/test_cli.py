@@ -223,6 +223,15 @@ def test_play_actions_reports_an_environment_failure_with_exit_1(tmp_path, capsy
     assert json.loads(out.strip().splitlines()[-1])["failure"] == "error"
 
 
+def test_a_games_environment_played_in_the_tool_use_setting_says_to_drop_the_setting(tmp_path, capsys):
+    actions = tmp_path / "moves.txt"
+    actions.write_text("1\n")
+    assert cli.main(["play", str(EXAMPLES / "cups.py"), "--setting", "tool_use", "--actions", str(actions)]) == 1
+    out = capsys.readouterr().out
+    assert "object has no attribute 'tools' (a games environment? play it without --setting tool_use)" in out
+    assert json.loads(out.strip().splitlines()[-1])["failure"] == "error"
+
+
 def test_a_directory_given_as_a_file_says_it_is_a_directory(tmp_path, capsys):
     assert cli.main(["play", str(tmp_path)]) == 2
     assert "is a directory" in one_error_line(capsys)
