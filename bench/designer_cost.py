@@ -2,8 +2,8 @@
 
 * the machine: the matmul peak in fp32 and bf16, the best of the 1.5B's MLP shapes (2048 tokens x 1536 x 8960 and
   back) with the weight stored either way and a 4096 cube, a 1 GiB tensor copy (the memory bandwidth) and, for
-  information, a 1 GiB read (an fp32 sum: what a stream of weights could reach); at the
-  end the peak of the update's dtype and the bandwidth again (yardsticks_at_end): the ratios, printed last, take
+  information, a 1 GiB read (an fp32 sum: what a stream of weights could reach); at the end the peak of the
+  update's dtype and the bandwidth again (yardsticks_at_end): the ratios, printed last, take
   the best of the two (and for the peak, of the rate the update's own matmuls ran at), as a yardstick measured in
   one of a shared VM's slow spells would flatter them; and, for information beside the peak, the rate the MLP
   matmul sustains over 30 s (sustained_gflops, the median second);
@@ -16,7 +16,8 @@
   same with HF's sdpa instead of the loop's models.sdpa_cpu (the prompts are of one length, as a play group's:
   no mask, the case it changes), its speedup and whether it samples the same tokens; then where a step's time
   goes (decode_parts): the loop's linear layers alone, all in a row (the rate they stream their weights at), the
-  attention of every layer alone, the rest (norms, rotary, sampling, Python) the step less both, and the ratio
+  attention of every layer alone, the rest the step less both (a residual: norms, rotary, sampling, Python, and
+  whatever the parts lose inside a step against their best alone), and the ratio
   the decode would reach if attention and the rest took no time (the ceiling its linears set);
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
@@ -215,9 +216,12 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict) -> 
 def decode_parts(model, rows: int, columns: int, bf16: bool, reps: int = 5) -> dict:
     """Where a decode step's time goes, each part alone as the loop computes it, its tensors read from memory (not
     from the CPU's cache): every linear layer in the model's order (the LM head too) on one column of `rows` rows,
-    inside models.generation_weights (bf16: copies packed for oneDNN; fp32: merged, packed for MKL's sgemm); the
+    inside models.generation_weights (bf16: copies packed for oneDNN; fp32: merged, packed by _DecodePacked); the
     attention (models.sdpa_cpu) of every layer against a `columns`-column cache of its own, as a decode step of
-    rows of one length calls it -> seconds of each, the linears' weight bytes and the rate they stream them at."""
+    rows of one length calls it -> the best seconds of each (a step's median less both is a residual: the norms,
+    rotary, sampling and Python, and whatever the parts lose inside a step), the linears' weight bytes (plain: a
+    padded MKL layout reads more), the rate they stream them at, how many of them computed through a packed
+    forward, and their outputs' dtypes."""
     import torch
     import models
     shape, dtype = model.config, torch.bfloat16 if bf16 else torch.float32
@@ -225,9 +229,10 @@ def decode_parts(model, rows: int, columns: int, bf16: bool, reps: int = 5) -> d
         linears = [m for name, m in model.named_modules() if type(m) is torch.nn.Linear and "lora_" not in name]
         inputs = {m.in_features: torch.randn(rows, 1, m.in_features, dtype=dtype) for m in linears}
         linears_s = best_seconds(lambda: [m(inputs[m.in_features]) for m in linears], reps)
+        dtypes = {str(m(inputs[m.in_features]).dtype) for m in linears}
+        packed = sum("forward" in vars(m) for m in linears)   # _packed_linears' or _DecodePacked's, set per call
     weight_bytes = sum(m.in_features * m.out_features for m in linears) * dtype.itemsize
-    heads, kv = shape.num_attention_heads, shape.num_key_value_heads
-    width = shape.hidden_size // heads
+    heads, kv, width = shape.num_attention_heads, shape.num_key_value_heads, head_width(shape)
     module = next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
     layers = [(torch.randn(rows, heads, 1, width, dtype=dtype), torch.randn(rows, kv, columns, width, dtype=dtype),
                torch.randn(rows, kv, columns, width, dtype=dtype)) for _ in range(shape.num_hidden_layers)]
@@ -235,7 +240,12 @@ def decode_parts(model, rows: int, columns: int, bf16: bool, reps: int = 5) -> d
         attention_s = best_seconds(lambda: [models.sdpa_cpu(module, q, k, v, None, scaling=width ** -0.5)
                                             for q, k, v in layers], reps)
     return {"linears_s": linears_s, "linear_weight_bytes": weight_bytes, "linears_gbps": weight_bytes / linears_s / 1e9,
-            "attention_s": attention_s}
+            "attention_s": attention_s, "linears": len(linears), "packed": packed, "dtypes": dtypes}
+
+
+def head_width(shape) -> int:
+    """A model config's attention head width: its head_dim where it says one (Qwen3-4B: 128, not 2560 / 32)."""
+    return getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
 
 
 def reset_peak_rss() -> bool:
@@ -359,7 +369,7 @@ def main() -> None:
                                       quantize="none", gradient_checkpointing=True, cache_dir=cfg.cache_dir, seed=0)
     shape = model.config
     layers, width = shape.num_hidden_layers, shape.hidden_size
-    kv_width = shape.num_key_value_heads * (width // shape.num_attention_heads)
+    kv_width = shape.num_key_value_heads * head_width(shape)
     params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
     embed = model.get_input_embeddings().weight.numel()
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
@@ -403,7 +413,7 @@ def main() -> None:
     report(out, "decode_linears_s_per_step", round(parts["linears_s"], 3))
     report(out, "decode_linears_gbps", round(parts["linears_gbps"], 1))
     report(out, "decode_attention_s_per_step", round(parts["attention_s"], 3))
-    report(out, "decode_rest_s_per_step", round(decode_s - parts["linears_s"] - parts["attention_s"], 3))
+    report(out, "decode_rest_s_per_step", round(decode_s - parts["linears_s"] - parts["attention_s"], 3))  # residual
 
     # the update: designer-sized samples, checkpointing on and off
     samples = [spade_mini.Sample(p + torch.randint(200, 20000, (args.program_tokens,), generator=g).tolist(),

@@ -272,7 +272,8 @@ def test_a_profiled_update_s_seconds_and_flops_by_kind_by_hand():
 def test_the_decode_s_parts_stream_every_linear_weight_once(tiny_model, bf16):
     """bench/designer_cost.decode_parts on the tiny model: the linears it times are each layer's q, k, v, o, gate,
     up and down and the LM head, by the config's shapes in the decode's dtype (not the LoRA's A and B, off while
-    generating); the weights are the model's own again after (generation_weights puts them back)."""
+    generating), computing in that dtype through the packed forward the decode gives them where this CPU packs;
+    the weights are the model's own again after (generation_weights puts them back)."""
     model, _ = tiny_model
     c = model.config
     q, kv = c.hidden_size, c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
@@ -281,7 +282,9 @@ def test_the_decode_s_parts_stream_every_linear_weight_once(tiny_model, bf16):
     got = designer_cost().decode_parts(model, rows=3, columns=10, bf16=bf16, reps=1)
     weights = c.num_hidden_layers * layer + c.vocab_size * c.hidden_size   # the LM head: vocab x width
     assert got["linear_weight_bytes"] == weights * (2 if bf16 else 4)
-    assert got["linears_s"] > 0 and got["attention_s"] > 0
+    assert got["dtypes"] == {"torch.bfloat16" if bf16 else "torch.float32"}
+    packs = torch.ops.mkldnn._is_mkldnn_bf16_supported() if bf16 else torch.backends.mkl.is_available()
+    assert got["linears"] == 7 * c.num_hidden_layers + 1 and got["packed"] == (got["linears"] if packs else 0)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
