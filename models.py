@@ -954,9 +954,10 @@ class _DecodePacked:
     """A linear layer's forward inside lora_merged on a CPU: a decode step (one column, B rows) multiplies by the
     merged weight packed once for B rows, repacked when B changes (a new turn with fewer rows); a prefill (more
     columns) multiplies by a merged copy made for the call. The layout is MKL's sgemm's
-    (torch.ops.mkl._mkl_reorder_linear_weight, what torch's inductor freezes fp32 CPU linears into) where it is
-    at most MKL_PACKED_GROWTH of the plain bytes, else oneDNN's blocked one (the same bytes): MKL pads small
-    weights (a 256 x 1536 one to 6.7x, 1536 x 1536 to 1.84x), at no gain in speed here.
+    (torch.ops.mkl._mkl_reorder_linear_weight, what torch's inductor freezes fp32 CPU linears into) where this
+    CPU's MKL streams faster than oneDNN (mkl_decode_speedup) and the layout is at most MKL_PACKED_GROWTH of the
+    plain bytes, else oneDNN's blocked one (the same bytes): MKL pads small weights (a 256 x 1536 one to 6.7x,
+    1536 x 1536 to 1.84x), at no gain in speed on the Xeon below.
 
     Where it counts: at the designer's 8 rows MKL's plain sgemm streamed a Qwen2.5-1.5B's layers at 8-10 GB/s,
     packed at 16.5 (0.55 vs 0.32 s for all 28 layers; the LM head 132 vs 64 ms; 2-core Xeon with avx512_bf16 and
@@ -975,7 +976,8 @@ class _DecodePacked:
     def pack(self, rows: int) -> None:
         self.packed = None   # the old layout freed before the new one is made
         weight = self.weight()
-        mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows) if self.mkl is not False else None
+        mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows) \
+            if self.mkl is not False and mkl_decode_speedup() > 1.0 else None
         self.rows, self.mkl = rows, mkl is not None and mkl.numel() <= MKL_PACKED_GROWTH * weight.numel()
         self.packed = mkl if self.mkl else torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
@@ -988,6 +990,33 @@ class _DecodePacked:
             if self.mkl:
                 return torch.ops.mkl._mkl_linear(x, self.packed, self.linear.weight, self.linear.bias, self.rows)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.linear.bias, "none", [None], "")
+
+
+@functools.cache
+def mkl_decode_speedup() -> float:
+    """How many times faster MKL's packed sgemm multiplies 8 rows by fp32 weights read from memory than oneDNN's
+    packed layout does, measured once per process: 4 weights of 2,048 x 4,096 (128 MB, more than a CPU's cache),
+    the best of 3 passes in each layout (~0.3 s). _DecodePacked takes MKL's layout only where it is faster.
+
+    subtle: the CPU's maker decides it, not its flags. On a 2-core AMD EPYC MKL's packed sgemm streamed a
+    Qwen2.5-1.5B's fp32 weights at 7.7 GB/s at 6 rows where oneDNN's streamed them at 34.7
+    (bench/decode_layout.py); MKL's was picked unmeasured on the Intel Xeons before (packed 16.5 GB/s)."""
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(2048, 4096, generator=g) for _ in range(4)]
+    x = torch.randn(8, 1, 4096, generator=g)
+    mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, 8) for w in weights]
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in weights]
+
+    def best(one_pass) -> float:
+        times = []
+        for _ in range(4):   # the first is a warm-up
+            t = time.perf_counter()
+            one_pass()
+            times.append(time.perf_counter() - t)
+        return min(times[1:])
+    with torch.no_grad():
+        return best(lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [None], "") for p in onednn]) / \
+            best(lambda: [torch.ops.mkl._mkl_linear(x, p, w, None, 8) for p, w in zip(mkl, weights)])
 
 
 @contextlib.contextmanager

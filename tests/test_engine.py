@@ -412,12 +412,15 @@ def test_packed_bf16_linears_sample_the_same_tokens_and_log_probs(tiny_model, mo
 
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL's packed sgemm is what is tested")
-def test_packed_decode_takes_mkl_s_layout_only_where_it_is_not_padded_much():
-    """A 1.5B-sized MLP weight packs in MKL's layout (1.244x its bytes), a small one in oneDNN's (MKL's would be
-    hundreds of times larger); both give F.linear's output at a decode step, repack when the rows change, and a
-    prefill (more columns) takes the plain product."""
+@pytest.mark.parametrize("mkl_faster", [True, False])
+def test_packed_decode_takes_mkl_s_layout_only_where_it_is_faster_and_not_padded_much(monkeypatch, mkl_faster):
+    """Where MKL is measured faster (models.mkl_decode_speedup > 1), a 1.5B-sized MLP weight packs in MKL's layout
+    (1.244x its bytes), a small one in oneDNN's (MKL's would be hundreds of times larger); where oneDNN is faster
+    (an AMD EPYC), both pack in oneDNN's. Either way they give F.linear's output at a decode step, repack when the
+    rows change, and a prefill (more columns) takes the plain product."""
+    monkeypatch.setattr(models, "mkl_decode_speedup", lambda: 2.0 if mkl_faster else 0.5)
     g = torch.Generator().manual_seed(0)
-    for (out, inp), mkl in (((8960, 1536), True), ((64, 64), False)):
+    for (out, inp), mkl in (((8960, 1536), mkl_faster), ((64, 64), False)):
         linear = torch.nn.Linear(inp, out)
         with torch.no_grad():
             linear.weight.copy_(torch.randn(out, inp, generator=g) * 0.02)
