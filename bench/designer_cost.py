@@ -9,8 +9,8 @@
   matmul sustains over 30 s (sustained_gflops, the median second);
 * the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the
   weights, the LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged and packed
-  in MKL's or oneDNN's layout, whichever models.mkl_decode_speedup measures faster) on ROWS designer-sized prompts, each step timed by the loop's own token counter (the median of
-  STEPS); its bound is the bytes a decode step must read (the weights in the dtype they decode in, plus the rows'
+  in MKL's or oneDNN's layout, whichever models.mkl_decode_speedup measures faster) on ROWS designer-sized
+  prompts, each step timed by the loop's own token counter (the median of STEPS); its bound is the bytes a decode step must read (the weights in the dtype they decode in, plus the rows'
   KV cache) over the copy bandwidth, and the ratio is bound / measured; in fp32, first the same decode from plain
   merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples the same tokens); then the
   same with HF's sdpa instead of the loop's models.sdpa_cpu (the prompts are of one length, as a play group's:
