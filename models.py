@@ -1000,7 +1000,8 @@ def mkl_decode_speedup() -> float:
 
     subtle: the CPU's maker decides it, not its flags. On a 2-core AMD EPYC MKL's packed sgemm streamed a
     Qwen2.5-1.5B's fp32 weights at 7.7 GB/s at 6 rows where oneDNN's streamed them at 34.7
-    (bench/decode_layout.py); MKL's was picked unmeasured on the Intel Xeons before (packed 16.5 GB/s)."""
+    (bench/decode_layout.py); on a 2-core Intel Xeon MKL's was the faster (packed 16.5 GB/s; oneDNN's 1.2x the
+    plain product on the one layer tried, docs/benchmarks.md)."""
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(2048, 4096, generator=g) for _ in range(4)]
     x = torch.randn(8, 1, 4096, generator=g)
