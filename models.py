@@ -1007,17 +1007,11 @@ def mkl_decode_speedup() -> float:
     x = torch.randn(8, 1, 4096, generator=g)
     mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, 8) for w in weights]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in weights]
-
-    def best(one_pass) -> float:
-        times = []
-        for _ in range(4):   # the first is a warm-up
-            t = time.perf_counter()
-            one_pass()
-            times.append(time.perf_counter() - t)
-        return min(times[1:])
     with torch.no_grad():
-        return best(lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [None], "") for p in onednn]) / \
-            best(lambda: [torch.ops.mkl._mkl_linear(x, p, w, None, 8) for p, w in zip(mkl, weights)])
+        onednn_s = _best_of_3(lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [None], "")
+                                       for p in onednn])
+        mkl_s = _best_of_3(lambda: [torch.ops.mkl._mkl_linear(x, p, w, None, 8) for p, w in zip(mkl, weights)])
+    return onednn_s / mkl_s
 
 
 @contextlib.contextmanager
@@ -1341,15 +1335,18 @@ def bf16_matmul_speedup() -> float:
     subtle: the flags do not say it. With avx512_bf16 and no AMX, a 2-core Intel Xeon ran bf16 at 0.53x fp32
     (165 vs 320 GFLOP/s); a 2-core AMD EPYC with avx512_bf16 at 2.6x (356 vs 136, bench/designer_cost.py)."""
     a, b = torch.randn(512, 1536), torch.randn(1536, 1536)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    return _best_of_3(lambda: a @ b) / _best_of_3(lambda: a16 @ b16)
 
-    def best(x, y):
-        times = []
-        for _ in range(4):   # the first is a warm-up
-            t = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - t)
-        return min(times[1:])
-    return best(a, b) / best(a.bfloat16(), b.bfloat16())
+
+def _best_of_3(fn) -> float:
+    """The fewest seconds of 3 calls of fn after a warm-up call: the speedup probes' timer."""
+    times = []
+    for _ in range(4):   # the first is a warm-up
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times[1:])
 
 
 def bf16_autocast(mode: str, model) -> bool:

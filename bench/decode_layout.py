@@ -40,11 +40,9 @@ def main() -> None:
     import torch
     import models
     import runs
-    from designer_cost import best_seconds, decode_timed, read_gbps, report
+    from designer_cost import best_seconds, cpu_name, decode_timed, read_gbps, report
     out: dict = {}
-    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-             if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
-    report(out, "cpu", names[0] if names else "unknown")
+    report(out, "cpu", cpu_name())
     report(out, "threads", torch.get_num_threads())
     report(out, "mkl_decode_speedup", round(models.mkl_decode_speedup(), 2))
     report(out, "picked", "mkl" if models.mkl_decode_speedup() > 1.0 else "onednn")

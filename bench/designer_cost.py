@@ -7,18 +7,18 @@
   the best of the two (and for the peak, of the rate the update's own matmuls ran at), as a yardstick measured in
   one of a shared VM's slow spells would flatter them; and, for information beside the peak, the rate the MLP
   matmul sustains over 30 s (sustained_gflops, the median second);
-* the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the
-  weights, the LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged and packed
-  in MKL's or oneDNN's layout, whichever models.mkl_decode_speedup measures faster) on ROWS designer-sized
-  prompts, each step timed by the loop's own token counter (the median of STEPS); its bound is the bytes a decode step must read (the weights in the dtype they decode in, plus the rows'
-  KV cache) over the copy bandwidth, and the ratio is bound / measured; in fp32, first the same decode from plain
-  merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples the same tokens); then the
-  same with HF's sdpa instead of the loop's models.sdpa_cpu (the prompts are of one length, as a play group's:
-  no mask, the case it changes), its speedup and whether it samples the same tokens; then where a step's time
-  goes (decode_parts): the loop's linear layers alone, all in a row (the rate they stream their weights at), the
-  attention of every layer alone, the rest the step less both (a residual: norms, rotary, sampling, Python, and
-  whatever the parts lose inside a step against their best alone), and the ratio
-  the decode would reach if attention and the rest took no time (the ceiling its linears set);
+* the designer's decode: `models.generate` as the loop calls it (--generate-bf16 auto: bf16 copies of the weights, the
+  LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged and packed in MKL's or oneDNN's
+  layout, whichever models.mkl_decode_speedup measures faster) on ROWS designer-sized prompts, each step timed by the
+  loop's own token counter (the median of STEPS); its bound is the bytes a decode step must read (the weights in the
+  dtype they decode in, plus the rows' KV cache) over the copy bandwidth, and the ratio is bound / measured; in fp32,
+  first the same decode from plain merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples
+  the same tokens); then the same with HF's sdpa instead of the loop's models.sdpa_cpu (the prompts are of one length,
+  as a play group's: no mask, the case it changes), its speedup and whether it samples the same tokens; then where a
+  step's time goes (decode_parts): the loop's linear layers alone, all in a row (the rate they stream their weights
+  at), the attention of every layer alone, the rest the step less both (a residual: norms, rotary, sampling, Python,
+  and whatever the parts lose inside a step against their best alone), and the ratio the decode would reach if
+  attention and the rest took no time (the ceiling its linears set);
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
   it (models.selective_checkpoint on, in bf16 models.bf16_head too), of each with that lever off (the full
@@ -56,6 +56,14 @@ sys.path.insert(0, str(ROOT))
 def report(out: dict, name: str, value) -> None:
     out[name] = value
     print(f"{name}: {value}", flush=True)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else the machine's architecture."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    return names[0] if names else os.uname().machine
 
 
 def best_seconds(fn, reps: int) -> float:
@@ -348,9 +356,7 @@ def main() -> None:
     import runs
     import spade_mini
     out: dict = {}
-    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-             if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
-    report(out, "cpu", names[0] if names else os.uname().machine)
+    report(out, "cpu", cpu_name())
     report(out, "native_bf16", models.native_bf16_cpu())
     report(out, "bf16_matmul_speedup", round(models.bf16_matmul_speedup(), 2))
     report(out, "threads", torch.get_num_threads())
