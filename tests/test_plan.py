@@ -288,6 +288,20 @@ def test_the_decode_s_parts_stream_every_linear_weight_once(tiny_model, bf16):
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
+def test_the_decode_s_yardstick_is_read_beside_its_steps_and_timed_in_neither(tiny_model):
+    """bench/designer_cost.decode_timed's probe (the copy bandwidth read right before and after the timed steps) runs
+    once the first token is out and once after the last, and its time counts neither in the prefill nor in a step:
+    a probe of 1 s against the tiny model's steps of milliseconds."""
+    import time
+    model, tok = tiny_model
+    calls = []
+    prefill_s, steps, tokens = designer_cost().decode_timed(
+        model, tok, [[5, 6, 7], [8, 9, 10]], 3, dict(temperature=1.0, top_p=1.0, top_k=0, seed=0),
+        probe=lambda: calls.append(time.sleep(1.0)))
+    assert len(calls) == 2 and len(tokens) == 2
+    assert 0 < prefill_s < 1.0 and len(steps) == 3 and max(steps) < 1.0
+
+
 def test_where_the_update_s_time_goes_counts_each_matmul_once_under_the_selective_checkpoint():
     """bench/designer_cost.where_time_goes on a layer checkpointed with the update's policy: its forward addmm
     (2 x 128 x 64 x 32 FLOPs) and the backward's two mm are counted once each, not the profiler's way (the addmm
