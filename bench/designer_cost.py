@@ -172,8 +172,9 @@ def yardsticks_at_end(torch, out: dict, dtype: str, peaks: list[float], bandwidt
     """The peak of `dtype` and the bandwidth measured again at the end -> (peak, bandwidth, sustained) for the
     ratios: on a shared VM the speed moves within minutes (the bf16 peak read 1,116 GFLOP/s at one run's start and
     887 at its end, 842 and 2,307 at the starts of two others), and a yardstick measured in a slow spell flatters
-    every ratio, so each is the best of the start and the end, and the peak of the update's own matmul rate too (a
-    peak below it would not be one); the sustained rate (sustained_gflops' median second) is for information."""
+    every ratio, so each is the best of every reading (the bandwidth: at the start, beside the decode's steps and at
+    the end; the peak: at the start and the end, and the update's own matmul rate too, a peak below it would not be
+    one); the sustained rate (sustained_gflops' median second) is for information."""
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     peaks.append(matmul_gflops(torch, torch_dtype))
     report(out, f"matmul_{dtype}_gflops_at_end", round(peaks[-1], 1))
@@ -409,9 +410,11 @@ def main() -> None:
     _, hf_steps, hf_tokens = decode_timed(model, tok, prompts, args.steps, kw)
     model.config._attn_implementation = attention
     report(out, "decode_hf_sdpa_s_per_step", round(statistics.median(hf_steps), 3))
-    beside: list[float] = []   # the copy bandwidth right before and right after the timed steps
+    # the copy bandwidth right before and right after the timed steps: 256 MiB, far past the CPU's caches, so that
+    # the decode's peak RSS (before_update_peak_rss_gb) takes 0.5 GiB from it, not 2
+    beside: list[float] = []
     prefill_s, steps, tokens = decode_timed(model, tok, prompts, args.steps, kw,
-                                            probe=lambda: beside.append(copy_gbps(torch)))
+                                            probe=lambda: beside.append(copy_gbps(torch, gib=0.25)))
     bandwidths.extend(beside)   # the bound's yardstick stays the best of every reading
     decode_s = statistics.median(steps)
     report(out, "decode_attention", attention)
