@@ -409,7 +409,6 @@ def cmd_train(explicit: dict) -> int:
     else:
         precheck(explicit)
         cfg = config_from_args(explicit)
-        cfg = dataclasses.replace(cfg, out=cfg.out or runs.new_out())   # named now, so that Ctrl-C can say it
     check_config(None, cfg)
     check_model(cfg.model)
     check_bundled(cfg.model, cfg.cache_dir)
@@ -419,6 +418,8 @@ def cmd_train(explicit: dict) -> int:
         import train
     check_config(train, cfg)   # now the skill names too
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
+    named = not cfg.out   # named now, every input read, so that Ctrl-C can say it; removed at the end if still empty
+    cfg = dataclasses.replace(cfg, out=cfg.out or runs.new_out(reserve=first_rank()))
     resume = f"; continue with --resume {cfg.out}"
     main_thread = threading.current_thread() is threading.main_thread()   # signal.signal works there only
     previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
@@ -439,6 +440,9 @@ def cmd_train(explicit: dict) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)   # None: set from C
+        if named and first_rank():   # a run that failed before it wrote anything leaves no directory behind
+            with contextlib.suppress(OSError):
+                os.rmdir(cfg.out)
     models.close_distributed()
     return 0
 

@@ -480,9 +480,27 @@ def checkpointed(run: Run) -> int:
         return 0
 
 
-def new_out() -> str:
-    """The directory of a run started without --out."""
-    return time.strftime("runs/%Y%m%d-%H%M%S")
+def new_out(reserve: bool = True) -> str:
+    """The directory of a run started without --out: runs/<date>-<time>, or the first of <date>-<time>-2, -3, ...
+    not taken. reserve: made here, empty (an atomic mkdir), so that two runs started in the same second get a
+    directory each instead of the second being refused for the first's (a sweep started with `&`); False (torchrun's
+    other ranks, which take rank 0's): only named."""
+    stamp = time.strftime("runs/%Y%m%d-%H%M%S")
+    try:
+        if reserve:
+            Path(stamp).parent.mkdir(exist_ok=True)
+        for n in range(1, 10_000):
+            name = stamp if n == 1 else f"{stamp}-{n}"
+            if not reserve and Path(name).exists():
+                continue
+            with contextlib.suppress(FileExistsError):
+                if reserve:
+                    Path(name).mkdir()
+                return name
+    except OSError as err:   # runs/ a file, or not writable
+        raise InputError(f"{err.filename} cannot be made ({err.strerror}); give the run a directory with --out") \
+            from None
+    raise InputError(f"{stamp}: 9,999 runs started this second already; give the run a directory with --out")
 
 
 def check_new_out(out: str) -> None:

@@ -338,6 +338,37 @@ def stub_train(monkeypatch, tmp_path, body):
                                                                     SafetensorError=RuntimeError))
 
 
+def test_two_runs_started_in_the_same_second_without_out_get_a_directory_each(tmp_path, monkeypatch, capsys):
+    """Both were named runs/<date>-<time> while they loaded, and the second was refused at open_run for the first's
+    directory ("already holds a run ... use another --out", a flag its user never gave): a sweep started with `&`
+    lost all but one run. The name is now reserved (an atomic mkdir) once every input is read: -2 for the second;
+    a run that fails before it writes anything removes the empty directory it reserved; runs/ a file is one line."""
+    import time
+    started = []   # the run directories there as each run's body starts
+
+    def body():
+        started.append(sorted(p.name for p in (tmp_path / "runs").iterdir()))
+        if len(started) == 1:   # the first run holds its directory; a second starts in the same second
+            assert cli.main(["train", "--model", "tiny-random"]) == 0
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: fmt.replace("%Y%m%d-%H%M%S", "20261207-210000"))
+    stub_train(monkeypatch, tmp_path, body)
+    assert cli.main(["train", "--model", "tiny-random"]) == 0
+    assert started == [["20261207-210000"], ["20261207-210000", "20261207-210000-2"]]
+    assert all((tmp_path / "runs" / name / "config.json").exists() for name in started[-1])
+
+    def fails_to_load(cfg):   # a model that cannot load: train.start raises before open_run
+        raise runs.InputError("--model: nothing there")
+    sys.modules["train"].train = fails_to_load
+    assert cli.main(["train", "--model", "tiny-random"]) == 2
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["20261207-210000", "20261207-210000-2"]
+    capsys.readouterr()
+    (tmp_path / "runs").rename(tmp_path / "kept")
+    (tmp_path / "runs").write_text("a file where the runs go")
+    assert cli.main(["train", "--model", "tiny-random"]) == 2
+    assert one_error_line(capsys) == "spade-mini: error: runs cannot be made (File exists); give the run a directory " \
+                                     "with --out"
+
+
 def test_sigterm_during_train_stops_it_as_ctrl_c_does_with_exit_143(tmp_path, monkeypatch, capsys):
     """timeout, docker stop, scancel and systemd send SIGTERM: it ended the run with exit 143 and not a word."""
     import signal
