@@ -1,5 +1,6 @@
 """A compiled decode step on a CPU against the loop's eager one: what torch.compile would give the designer's
-decode, and what it would cost a window (a lever for issue 34's item 3, measured, not taken).
+decode, and what it would cost a window (a lever for the decode's share of its bandwidth bound, measured, not
+taken).
 
 * eager, as the loop decodes: the model inside models.generation_weights (bf16 copies packed for oneDNN where bf16
   is faster, else fp32 merged and packed), ROWS prompts of PROMPT tokens prefilled into the loop's GrowingCache
