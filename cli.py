@@ -375,10 +375,15 @@ def first_rank() -> bool:
     return os.environ.get("RANK", "0") in ("", "0")
 
 
-def interrupted(cfg, stop: KeyboardInterrupt) -> int:
+def continue_with(out: str) -> str:
+    """'; continue with --resume OUT' where OUT holds a run's config, else ''."""
+    return f"; continue with --resume {out}" if out and runs.Run(out).config.exists() else ""
+
+
+def interrupted(out: str, stop: KeyboardInterrupt) -> int:
     """Ctrl-C or SIGTERM in train: the message on its own line (a progress bar may have left the line open); under
     torchrun, where every rank gets the signal, from rank 0 alone."""
-    resume = f"; continue with --resume {cfg.out}" if runs.Run(cfg.out).config.exists() else ""
+    resume = continue_with(out)
     if first_rank():
         print(f"\nspade-mini: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}{resume}",
               file=sys.stderr)
@@ -418,31 +423,31 @@ def cmd_train(explicit: dict) -> int:
         import train
     check_config(train, cfg)   # now the skill names too
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
-    named = not cfg.out   # named now, every input read, so that Ctrl-C can say it; removed at the end if still empty
-    cfg = dataclasses.replace(cfg, out=cfg.out or runs.new_out(reserve=first_rank()))
-    resume = f"; continue with --resume {cfg.out}"
+    # note: a run without --out is named and made by runs.open_run (rank 0, every input read); the messages below
+    # name it once it is open; torchrun's other ranks guess the name of this second, as rank 0 was likely to take it
+    guess, opened = cfg.out or ("" if first_rank() else runs.new_out(reserve=False)), len(runs.OPENED)
+
+    def out() -> str:
+        return (runs.OPENED[opened:] or [guess])[-1]
     main_thread = threading.current_thread() is threading.main_thread()   # signal.signal works there only
     previous = signal.signal(signal.SIGTERM, terminate) if main_thread else None
     try:
         train.train(cfg)
     except KeyboardInterrupt as stop:
-        return interrupted(cfg, stop)
+        return interrupted(out(), stop)
     except runs.PeerError as err:
-        print(f"spade-mini: error: {err}{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
+        print(f"spade-mini: error: {err}{continue_with(out())}", file=sys.stderr)
         return 1
     except (OSError, models.SafetensorError) as err:   # a full disk, a file system gone read-only
         if isinstance(err, OSError) and err.errno not in DISK_ERRORS:
             raise   # a closed pipe (EPIPE) too: main ends it quietly
         where = f": {err.filename}" if getattr(err, "filename", None) else ""
         print(f"spade-mini: error: {type(err).__name__}: {getattr(err, 'strerror', None) or err}{where}"
-              f"{resume if runs.Run(cfg.out).config.exists() else ''}", file=sys.stderr)
+              f"{continue_with(out())}", file=sys.stderr)
         return 1
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)   # None: set from C
-        if named and first_rank():   # a run that failed before it wrote anything leaves no directory behind
-            with contextlib.suppress(OSError):
-                os.rmdir(cfg.out)
     models.close_distributed()
     return 0
 

@@ -53,7 +53,7 @@ class Config:
     model: str = "smollm2-135m"         # HF id | local dir | .gguf | smollm2-135m | qwen2.5-coder-0.5b | qwen2.5-coder-1.5b | tiny-random (tests)
     steps: int = 2                      # total self-play steps of the run (resume continues up to this)
     seed: int = 0                       # root of every derived seed
-    out: str = ""                       # run directory ('' -> runs/<date>-<time>)
+    out: str = ""                       # run directory ('' -> runs/<date>-<time>, then -2, -3 if taken)
     resume: str = ""                    # run directory to continue from its last checkpoint
     rewind: bool = False                # --resume: go back to the newest complete checkpoint though later steps were logged
     cache_dir: str = "~/.cache/spade-mini"  # converted model weights (GGUF -> safetensors)
@@ -482,25 +482,30 @@ def checkpointed(run: Run) -> int:
 
 def new_out(reserve: bool = True) -> str:
     """The directory of a run started without --out: runs/<date>-<time>, or the first of <date>-<time>-2, -3, ...
-    not taken. reserve: made here, empty (an atomic mkdir), so that two runs started in the same second get a
-    directory each instead of the second being refused for the first's (a sweep started with `&`); False (torchrun's
-    other ranks, which take rank 0's): only named."""
+    not taken. reserve (open_run's: every input read, rank 0 alone): made here, empty, by an atomic mkdir, so that
+    two runs started in the same second get a directory each instead of the second being refused for the first's (a
+    sweep started with `&`); False: the name of this second, made by nobody (what a torchrun worker's messages guess
+    before rank 0 has opened the run)."""
     stamp = time.strftime("runs/%Y%m%d-%H%M%S")
+    if not reserve:
+        return stamp
+    if (Path("runs").exists() or Path("runs").is_symlink()) and not Path("runs").is_dir():   # a file, a dangling link
+        raise InputError("runs is not a directory (a run without --out goes in runs/); give the run a directory with "
+                         "--out")
     try:
-        if reserve:
-            Path(stamp).parent.mkdir(exist_ok=True)
+        Path("runs").mkdir(exist_ok=True)
         for n in range(1, 10_000):
             name = stamp if n == 1 else f"{stamp}-{n}"
-            if not reserve and Path(name).exists():
-                continue
             with contextlib.suppress(FileExistsError):
-                if reserve:
-                    Path(name).mkdir()
+                Path(name).mkdir()
                 return name
-    except OSError as err:   # runs/ a file, or not writable
+    except OSError as err:   # not writable
         raise InputError(f"{err.filename} cannot be made ({err.strerror}); give the run a directory with --out") \
             from None
     raise InputError(f"{stamp}: 9,999 runs started this second already; give the run a directory with --out")
+
+
+OPENED: list[str] = []   # the run directories open_run opened in this process, in order (the command line names them)
 
 
 def check_new_out(out: str) -> None:
@@ -610,6 +615,7 @@ def open_run(cfg):
             raise
         cfg, start = dataclasses.replace(cfg, out=str(run.root)), 0
     write_atomic(run.config, json.dumps({**dataclasses.asdict(cfg), "steps_ran": start}, indent=2) + "\n")
+    OPENED.append(cfg.out)
     return cfg, run, start
 
 

@@ -341,8 +341,8 @@ def stub_train(monkeypatch, tmp_path, body):
 def test_two_runs_started_in_the_same_second_without_out_get_a_directory_each(tmp_path, monkeypatch, capsys):
     """Both were named runs/<date>-<time> while they loaded, and the second was refused at open_run for the first's
     directory ("already holds a run ... use another --out", a flag its user never gave): a sweep started with `&`
-    lost all but one run. The name is now reserved (an atomic mkdir) once every input is read: -2 for the second;
-    a run that fails before it writes anything removes the empty directory it reserved; runs/ a file is one line."""
+    lost all but one run. open_run now names it and makes it (an atomic mkdir) once every input is read: -2 for the
+    second; a run that fails before that makes none; runs/ a file is one line."""
     import time
     started = []   # the run directories there as each run's body starts
 
@@ -362,11 +362,12 @@ def test_two_runs_started_in_the_same_second_without_out_get_a_directory_each(tm
     assert cli.main(["train", "--model", "tiny-random"]) == 2
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["20261207-210000", "20261207-210000-2"]
     capsys.readouterr()
+    stub_train(monkeypatch, tmp_path, lambda: None)
     (tmp_path / "runs").rename(tmp_path / "kept")
     (tmp_path / "runs").write_text("a file where the runs go")
     assert cli.main(["train", "--model", "tiny-random"]) == 2
-    assert one_error_line(capsys) == "spade-mini: error: runs cannot be made (File exists); give the run a directory " \
-                                     "with --out"
+    assert one_error_line(capsys) == "spade-mini: error: runs is not a directory (a run without --out goes in runs/); " \
+                                     "give the run a directory with --out"
 
 
 def test_sigterm_during_train_stops_it_as_ctrl_c_does_with_exit_143(tmp_path, monkeypatch, capsys):
