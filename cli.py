@@ -425,7 +425,8 @@ def cmd_train(explicit: dict) -> int:
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
     # note: a run without --out is named and made by runs.open_run (rank 0, every input read); the messages below
     # name it once it is open; torchrun's other ranks guess the name of this second, as rank 0 was likely to take it
-    guess, opened = cfg.out or ("" if first_rank() else runs.new_out(reserve=False)), len(runs.OPENED)
+    guess = cfg.out or ("" if first_rank() else runs.new_out(reserve=False))
+    opened = len(runs.OPENED)   # the directories opened before this run's (a notebook's earlier runs)
 
     def out() -> str:
         return (runs.OPENED[opened:] or [guess])[-1]

@@ -489,11 +489,12 @@ def new_out(reserve: bool = True) -> str:
     stamp = time.strftime("runs/%Y%m%d-%H%M%S")
     if not reserve:
         return stamp
-    if (Path("runs").exists() or Path("runs").is_symlink()) and not Path("runs").is_dir():   # a file, a dangling link
-        raise InputError("runs is not a directory (a run without --out goes in runs/); give the run a directory with "
-                         "--out")
+    parent = Path(stamp).parent
+    if (parent.exists() or parent.is_symlink()) and not parent.is_dir():   # a file, a dangling link
+        raise InputError(f"{parent} is not a directory (a run without --out goes in {parent}/); give the run a "
+                         "directory with --out")
     try:
-        Path("runs").mkdir(exist_ok=True)
+        parent.mkdir(exist_ok=True)
         for n in range(1, 10_000):
             name = stamp if n == 1 else f"{stamp}-{n}"
             with contextlib.suppress(FileExistsError):
