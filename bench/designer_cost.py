@@ -11,16 +11,17 @@
   LoRA merged in, packed for oneDNN, where bf16 is measured faster; else fp32, merged and packed in MKL's or oneDNN's
   layout, whichever models.mkl_decode_speedup measures faster) on ROWS designer-sized prompts, each step timed by the
   loop's own token counter (the median of STEPS); its bound is the bytes a decode step must read (the weights in the
-  dtype they decode in, plus the rows' KV cache) over the copy bandwidth (the best of every reading: at the start,
-  right before and right after the timed steps, at the end), and the ratio is bound / measured; beside it, for
-  information, the ratio against the two readings beside the steps alone (the memory of the steps' own minute); in fp32,
-  first the same decode from plain merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples
-  the same tokens); then the same with HF's sdpa instead of the loop's models.sdpa_cpu (the prompts are of one length,
-  as a play group's: no mask, the case it changes), its speedup and whether it samples the same tokens; then where a
-  step's time goes (decode_parts): the loop's linear layers alone, all in a row (the rate they stream their weights
-  at), the attention of every layer alone, the rest the step less both (a residual: norms, rotary, sampling, Python,
-  and whatever the parts lose inside a step against their best alone), and the ratio the decode would reach if
-  attention and the rest took no time (the ceiling its linears set);
+  dtype they decode in, plus the rows' KV cache) over the copy bandwidth, and the ratio is bound / measured: the
+  verdict against the best of every reading (at the start, one each time a token is out, at the end); for information,
+  the median step against the best reading beside the steps, and each step against the better of the two readings
+  around it (paired_ratios: the bandwidth of its own second, never stricter than the verdict's); in fp32, first the
+  same decode from plain merged copies (models.PACK_DECODE off: the lever's speedup, and whether it samples the same
+  tokens); then the same with HF's sdpa instead of the loop's models.sdpa_cpu (the prompts are of one length, as a
+  play group's: no mask, the case it changes), its speedup and whether it samples the same tokens; then where a step's
+  time goes (decode_parts): the loop's linear layers alone, all in a row (the rate they stream their weights at), the
+  attention of every layer alone, the rest the step less both (a residual: norms, rotary, sampling, Python, and
+  whatever the parts lose inside a step against their best alone), and the ratio the decode would reach if attention
+  and the rest took no time (the ceiling its linears set);
 * the update: one `spade_mini.update` on designer-sized samples (prompt + program, the loop's token budget,
   --train-bf16 auto): the first of the process (fresh pages), then the best of two of the update as the loop runs
   it (models.selective_checkpoint on, in bf16 models.bf16_head too), of each with that lever off (the full
@@ -28,8 +29,10 @@
   each the process's peak RSS during it (Linux's VmHWM, reset before each: under tcmalloc the pages the decode
   freed stay with the process, so it starts from the decode's); useful FLOPs are
   the forward and the backward to the activations (useful_flops), not the checkpoint's recompute; the ratio is
-  useful FLOP/s over the matmul peak of the dtype it computes in; then where the loop's update spends its time
-  (where_time_goes): its seconds in matmuls, attention and the rest, the rate its matmuls ran at, and the ratio
+  useful FLOP/s over the matmul peak of the dtype it computes in: the verdict over the best of every reading (the
+  peak is read at the start, before the first update and after each, and at the end); for information (_paired),
+  over the better of the two read right before and right after that update; then where the loop's update spends
+  its time (where_time_goes): its seconds in matmuls, attention and the rest, the rate its matmuls ran at, and the ratio
   it would reach if attention and the rest took no time (the ceiling its matmuls set);
 * in bf16, the LM head's lever (models.bf16_head) against the fp32 head: how far it moves the log-probs of 600
   tokens of this repository's code, beside a bf16 head (bf16 logits).
@@ -173,8 +176,8 @@ def yardsticks_at_end(torch, out: dict, dtype: str, peaks: list[float], bandwidt
     ratios: on a shared VM the speed moves within minutes (the bf16 peak read 1,116 GFLOP/s at one run's start and
     887 at its end, 842 and 2,307 at the starts of two others), and a yardstick measured in a slow spell flatters
     every ratio, so each is the best of every reading (the bandwidth: at the start, beside the decode's steps and at
-    the end; the peak: at the start and the end, and the update's own matmul rate too, a peak below it would not be
-    one); the sustained rate (sustained_gflops' median second) is for information."""
+    the end; the peak: at the start, beside the updates and at the end, and the update's own matmul rate too, a
+    peak below it would not be one); the sustained rate (sustained_gflops' median second) is for information."""
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     peaks.append(matmul_gflops(torch, torch_dtype))
     report(out, f"matmul_{dtype}_gflops_at_end", round(peaks[-1], 1))
@@ -208,19 +211,20 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict,
                  probe=None) -> tuple[float, list[float], list]:
     """The loop's generate of 1 + `steps` tokens, timed by the loop's own token counter -> (seconds to the first
     token: the weight copies, the prompts' prefill and the first token; the seconds of each decode step after it,
-    all rows, finished ones too; each row's tokens). probe(): called once the first token is out, before the steps
-    (its time counted in neither), and once after them: a yardstick measured beside the steps."""
+    all rows, finished ones too; each row's tokens). probe(): called each time a token is out, the first one
+    included (1 + `steps` calls), so that step k has a reading right before it and one right after; its time counts
+    in neither the prefill nor a step. A step right after a 256 MiB copy probe starts with the CPU's caches full of
+    the copy, which no step of the loop does: 2% slower (the 1.5B's 6 rows, probed before every second step, one
+    process: 0.130 s the median of the 24 steps after a probe, 0.128 of the 24 others; a 2-core AMD EPYC)."""
     import models
-    stamps, probe_s = [], 0.0
+    ready, resumed = [], []   # at each put: when the token was out; when the step after it began (after the probe)
 
     class Stamped(models._CountTokens):   # the loop's token counter, with the time of each put
         def put(self, value):
-            nonlocal probe_s
-            if len(stamps) == 1 and probe is not None:   # the first token: the steps start after this put
-                probe_s = -time.perf_counter()
+            ready.append(time.perf_counter())
+            if probe is not None and len(ready) >= 2:   # the first put is the prompt's, then one a token
                 probe()
-                probe_s += time.perf_counter()
-            stamps.append(time.perf_counter())
+            resumed.append(time.perf_counter())
             super().put(value)
     counter, models._CountTokens = models._CountTokens, Stamped
     try:
@@ -228,10 +232,22 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict,
         rows = models.generate(model, tok, prompts, max_new_tokens=1 + steps, **kw)
     finally:
         models._CountTokens = counter
-    if probe is not None:
-        probe()
-    return stamps[1] - start - probe_s, [b - a for a, b in zip(stamps[1:], stamps[2:])], \
+    return ready[1] - start, [ready[k + 1] - resumed[k] for k in range(1, len(ready) - 1)], \
         [r.completion_ids for r in rows]
+
+
+def paired_ratios(step_bytes: float, steps: list[float], readings: list[float]) -> list[float]:
+    """Each decode step against the copy bandwidth of its own second: step k's bound is `step_bytes` over the
+    better of the readings around it (readings[k], readings[k + 1], GB/s; decode_timed's) -> bound / step, one a
+    step. The VM's bandwidth moves 30-62 GB/s within one run, and a step run in a slow spell is slow for the same
+    reason its reading is low; the better of two readings is less flattering than one, and every reading is in the
+    best-of-run yardstick too, so a paired ratio is never below the verdict's: information, not the verdict.
+
+    >>> paired_ratios(10e9, [1.0, 2.0], [20.0, 10.0, 5.0])
+    [0.5, 0.5]
+    """
+    assert len(readings) == len(steps) + 1, (len(readings), len(steps))
+    return [step_bytes / (max(before, after) * 1e9) / s for s, before, after in zip(steps, readings, readings[1:])]
 
 
 def decode_parts(model, rows: int, columns: int, bf16: bool, reps: int = 5) -> dict:
@@ -288,16 +304,19 @@ def peak_rss_gb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def updates_by_mode(run_update, layers_ckpt: list, out: dict, bf16: bool) -> tuple[list[dict], dict]:
+def updates_by_mode(run_update, layers_ckpt: list, out: dict, bf16: bool,
+                    probe=None) -> tuple[list[dict], dict]:
     """The update in each mode -> (every result in order, the best of each mode after the first update). The
     first of the process pays for its fresh pages (as a window's update after a phase gave memory back); then the
     loop's levers, each beside what it replaced (full: selective_checkpoint off; fp32_head: bf16_head off, in bf16
-    only), alternating twice, and off (no checkpoint, the most memory) comes last: best of two."""
+    only), alternating twice, and off (no checkpoint, the most memory) comes last: best of two. probe(): the
+    matmul peak read before the first update and after each, every result keeping the better of the readings
+    right before and right after it (peak_beside)."""
     import models
     lever = {"full": "selective_checkpoint", "fp32_head": "bf16_head"}   # the one each mode turns off
     order = [mode for mode in ("selective", "selective", "full", "fp32_head", "selective", "full", "fp32_head",
                                "off", "off") if bf16 or mode != "fp32_head"]
-    results, best = [], {}
+    results, best, readings = [], {}, [probe()] if probe else []
     for i, checkpointing in enumerate(order):
         for layer in layers_ckpt:
             layer.gradient_checkpointing = checkpointing != "off"
@@ -313,6 +332,9 @@ def updates_by_mode(run_update, layers_ckpt: list, out: dict, bf16: bool) -> tup
         finally:
             if name:
                 setattr(models, name, real)
+        if probe:   # after the lever is put back: the machine's peak, not the update's
+            readings.append(probe())
+            result["peak_beside"] = max(readings[-2:])
         print(f"  update {i + 1}/{len(order)} ({checkpointing}): {result['seconds']:.1f} s, "
               f"grad norm {result['grad_norm']:.6f}, peak RSS {result['peak_rss_gb']:.2f} GiB", flush=True)
         if i == 0:
@@ -410,7 +432,7 @@ def main() -> None:
     _, hf_steps, hf_tokens = decode_timed(model, tok, prompts, args.steps, kw)
     model.config._attn_implementation = attention
     report(out, "decode_hf_sdpa_s_per_step", round(statistics.median(hf_steps), 3))
-    # the copy bandwidth right before and right after the timed steps: 256 MiB, far past the CPU's caches, so that
+    # the copy bandwidth beside the timed steps (decode_timed): 256 MiB, far past the CPU's caches, so that
     # the decode's peak RSS (before_update_peak_rss_gb) takes 0.5 GiB from it, not 2
     beside: list[float] = []
     prefill_s, steps, tokens = decode_timed(model, tok, prompts, args.steps, kw,
@@ -425,6 +447,7 @@ def main() -> None:
         report(out, "decode_packed_same_tokens", tokens == plain_tokens)
     report(out, "decode_steps_timed", len(steps))
     report(out, "copy_gbps_beside_decode", [round(b, 1) for b in beside])
+    report(out, "decode_steps_s", [round(s, 4) for s in steps])
     dtype_bytes = 2 if bf16 else 4
     head_bytes = embed * dtype_bytes   # the LM head reads its whole weight every step
     kv_bytes = args.rows * layers * 2 * kv_width * (args.prompt_tokens + args.steps / 2) * dtype_bytes
@@ -434,6 +457,11 @@ def main() -> None:
     report(out, "prefill_gflops", round(prefill_flops / prefill_s / 1e9, 1))
     report(out, "decode_s_per_step", round(decode_s, 3))
     report(out, "decode_bytes_per_step_gb", round(step_bytes / 1e9, 2))
+    # information: each step against the bandwidth of its own second (paired_ratios); the steps of one minute are
+    # one spell of the VM, not independent draws, so no interval
+    paired = paired_ratios(step_bytes, steps, beside)
+    report(out, "decode_over_bandwidth_bound_paired_median", round(statistics.median(paired), 3))
+    report(out, "decode_over_bandwidth_bound_paired_min_max", [round(min(paired), 3), round(max(paired), 3)])
     parts = decode_parts(model, args.rows, args.prompt_tokens + args.steps // 2, bf16)   # where a step's time goes
     report(out, "decode_linears_s_per_step", round(parts["linears_s"], 3))
     report(out, "decode_linears_gbps", round(parts["linears_gbps"], 1))
@@ -454,7 +482,16 @@ def main() -> None:
     run_update = functools.partial(spade_mini.update, model, optimizer, samples, temperature=cfg.temperature,
                                    token_budget=cfg.token_budget, max_grad_norm=cfg.max_grad_norm, bf16=train_bf16)
     report(out, "before_update_peak_rss_gb", round(peak_rss_gb(), 2))   # the decode's, the model's
-    results, best = updates_by_mode(run_update, layers_ckpt, out, train_bf16)
+    dtype = "bf16" if train_bf16 else "fp32"
+    beside_peaks: list[float] = []   # the matmul peak read before the first update and after each
+
+    def peak_probe() -> float:
+        beside_peaks.append(matmul_gflops(torch, torch.bfloat16 if train_bf16 else torch.float32))
+        return beside_peaks[-1]
+    results, best = updates_by_mode(run_update, layers_ckpt, out, train_bf16, probe=peak_probe)
+    peaks[dtype].extend(beside_peaks)   # the verdict's yardstick stays the best of every reading
+    report(out, f"matmul_{dtype}_gflops_beside_updates_min_median_max",
+           [round(f(beside_peaks), 1) for f in (min, statistics.median, max)])
     for checkpointing, result in best.items():
         name = f"update_ckpt_{checkpointing}"
         report(out, f"{name}_s", round(result["seconds"], 1))
@@ -462,6 +499,7 @@ def main() -> None:
                                                      if r["mode"] == checkpointing), 2))
         report(out, f"{name}_tok_per_s", round(result["tokens_per_s"], 1))
         report(out, f"{name}_grad_norm", round(result["grad_norm"], 6))
+        report(out, f"{name}_peak_beside_gflops", round(result["peak_beside"], 1))
     report(out, "update_seconds_in_order", [round(r["seconds"], 1) for r in results])
     report(out, "update_modes_in_order", [r["mode"] for r in results])
     report(out, "update_peak_rss_reset", out["update_peak_rss_reset"])
@@ -473,13 +511,12 @@ def main() -> None:
         report(out, f"update_{name}", round(value, 3))
     if train_bf16:
         head_check(model, tok, out)
-    dtype = "bf16" if train_bf16 else "fp32"
     peak, bandwidth, sustained = yardsticks_at_end(torch, out, dtype, peaks[dtype], bandwidths,
                                                    profiled["matmul_gflops"], args.sustained_seconds)
     bound_s = step_bytes / (bandwidth * 1e9)
     report(out, "decode_bound_s_per_step", round(bound_s, 3))
     report(out, "decode_over_bandwidth_bound", round(bound_s / decode_s, 3))
-    # the same against the better of the two readings beside the steps alone: the VM's speed moves within minutes
+    # the same against the best of the readings beside the steps alone: the VM's speed moves within minutes
     # (the same step 0.106 and 0.173 s ten minutes apart), and this one compares the step with the memory of its
     # own minute; the verdict is the ratio above, whose yardstick is the best of the run
     report(out, "decode_over_bandwidth_bound_beside", round(step_bytes / (max(beside) * 1e9) / decode_s, 3))
@@ -490,6 +527,10 @@ def main() -> None:
     report(out, "update_first_useful_over_peak", over(results[0]["seconds"]))
     for checkpointing, result in best.items():
         report(out, f"update_ckpt_{checkpointing}_useful_over_peak", over(result["seconds"]))
+        # information: against the better peak read right before and right after that update (its own minutes),
+        # or the update's own matmul rate where higher, as the verdict's yardstick takes it
+        report(out, f"update_ckpt_{checkpointing}_useful_over_peak_paired",
+               over(result["seconds"], max(result["peak_beside"], profiled["matmul_gflops"])))
     report(out, "update_profiled_useful_over_peak", over(profiled["profiled_s"]))
     # beside the verdict (over the peak), the loop's update over what the machine sustains (information only)
     report(out, "update_ckpt_selective_useful_over_sustained", over(best["selective"]["seconds"], sustained))

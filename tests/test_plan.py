@@ -288,23 +288,56 @@ def test_the_decode_s_parts_stream_every_linear_weight_once(tiny_model, bf16):
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
-def test_the_decode_s_yardstick_is_read_beside_its_steps_and_timed_in_neither(tiny_model):
-    """bench/designer_cost.decode_timed's probe (the copy bandwidth read right before and after the timed steps) runs
-    once the first token is out (the LM head has run once) and once after the last (four times: 1 + 3 steps), and its
-    time counts neither in the prefill nor in a step: a probe of 1 s against the tiny model's steps of milliseconds."""
+def test_the_decode_s_yardstick_is_read_beside_each_step_and_timed_in_neither(tiny_model):
+    """bench/designer_cost.decode_timed's probe (the copy bandwidth read beside the timed steps) runs each time a
+    token is out, the first one included (the LM head has run 1, 2, 3, 4 times: 1 + 3 steps), so that every step
+    has a reading right before and right after it (4 readings, 3 steps), and its time counts neither in the
+    prefill nor in a step: a probe of 1 s against the tiny model's steps of milliseconds, while the LM head's own
+    0.2 s sleep at every step after the first token is in each step. Unprobed, the same tokens and steps."""
     import time
     model, tok = tiny_model
     models.mkl_decode_speedup()   # measured once per process at the first packed step: not in this test's prefill
     heads, calls = [], []
-    hook = model.get_output_embeddings().register_forward_hook(lambda *_: heads.append(1))
+
+    def head(*_):
+        heads.append(1)
+        if len(heads) > 1:
+            time.sleep(0.2)
+    hook = model.get_output_embeddings().register_forward_hook(head)
+    kw = dict(temperature=1.0, top_p=1.0, top_k=0, seed=0)
     try:
         prefill_s, steps, tokens = designer_cost().decode_timed(
-            model, tok, [[5, 6, 7], [8, 9, 10]], 3, dict(temperature=1.0, top_p=1.0, top_k=0, seed=0),
-            probe=lambda: calls.append((len(heads), time.sleep(1.0))[0]))
+            model, tok, [[5, 6, 7], [8, 9, 10]], 3, kw, probe=lambda: calls.append((len(heads), time.sleep(1.0))[0]))
+        heads.clear()
+        _, unprobed, same = designer_cost().decode_timed(model, tok, [[5, 6, 7], [8, 9, 10]], 3, kw)
     finally:
         hook.remove()
-    assert calls == [1, 4] and len(tokens) == 2
-    assert 0 < prefill_s < 1.0 and len(steps) == 3 and max(steps) < 1.0
+    assert calls == [1, 2, 3, 4] and len(tokens) == 2 and same == tokens
+    assert 0 < prefill_s < 0.2 and len(steps) == 3 and all(0.2 <= s < 1.0 for s in steps) and len(unprobed) == 3
+
+
+def test_a_decode_step_is_paired_with_the_better_reading_beside_it():
+    """bench/designer_cost.paired_ratios by hand: 10 GB a step; step 0 (1 s) between readings 20 and 10 GB/s takes
+    20 (bound 0.5 s: 0.5), step 1 (2 s) between 10 and 40 takes 40 (bound 0.25 s: 0.125), step 2 (0.5 s) between
+    40 and 5 takes 40 (0.5); a pairing with the reading before alone would give 0.5, 0.5, 0.5."""
+    got = designer_cost().paired_ratios(10e9, [1.0, 2.0, 0.5], [20.0, 10.0, 40.0, 5.0])
+    assert got == pytest.approx([0.5, 0.125, 0.5])
+
+
+def test_each_update_keeps_the_better_peak_read_right_before_and_after_it():
+    """bench/designer_cost.updates_by_mode's probe: read once before the first update and once after each (10
+    readings for the 9 updates in bf16); each update keeps the better of its two (peak_beside): readings 10, 30,
+    20, 50, 40, 70, 60, 90, 80, 100 give 30, 30, 50, 50, 70, 70, 90, 90, 100 (the one before alone: 10, 30, 20,
+    ...; the one after alone: 30, 20, 50, ...). Without a probe no update has a peak_beside."""
+    import types
+    readings = iter([10, 30, 20, 50, 40, 70, 60, 90, 80, 100])
+    run = lambda: {"seconds": 1.0, "grad_norm": 0.0, "tokens_per_s": 1.0}
+    results, best = designer_cost().updates_by_mode(run, [types.SimpleNamespace()], {}, True,
+                                                    probe=lambda: next(readings))
+    assert [r["peak_beside"] for r in results] == [30, 30, 50, 50, 70, 70, 90, 90, 100]
+    assert next(readings, None) is None and {r["mode"] for r in results} == {"selective", "full", "fp32_head", "off"}
+    results, _ = designer_cost().updates_by_mode(run, [types.SimpleNamespace()], {}, True)
+    assert len(results) == 9 and not any("peak_beside" in r for r in results)
 
 
 def test_where_the_update_s_time_goes_counts_each_matmul_once_under_the_selective_checkpoint():
