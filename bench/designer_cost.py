@@ -239,7 +239,7 @@ def decode_timed(model, tok, prompts: list[list[int]], steps: int, kw: dict,
 def paired_ratios(step_bytes: float, steps: list[float], readings: list[float]) -> list[float]:
     """Each decode step against the copy bandwidth of its own second: step k's bound is `step_bytes` over the
     better of the readings around it (readings[k], readings[k + 1], GB/s; decode_timed's) -> bound / step, one a
-    step. The VM's bandwidth moves 30-62 GB/s within one run, and a step run in a slow spell is slow for the same
+    step. The VM's bandwidth moves 30-72 GB/s within one run, and a step run in a slow spell is slow for the same
     reason its reading is low; the better of two readings is less flattering than one, and every reading is in the
     best-of-run yardstick too, so a paired ratio is never below the verdict's: information, not the verdict.
 
