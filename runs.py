@@ -490,9 +490,7 @@ def new_out(reserve: bool = True) -> str:
     if not reserve:
         return stamp
     parent = Path(stamp).parent
-    if (parent.exists() or parent.is_symlink()) and not parent.is_dir():   # a file, a dangling link
-        raise InputError(f"{parent} is not a directory (a run without --out goes in {parent}/); give the run a "
-                         "directory with --out")
+    _check_runs_folder(parent)
     try:
         parent.mkdir(exist_ok=True)
         for n in range(1, 10_000):
@@ -506,14 +504,21 @@ def new_out(reserve: bool = True) -> str:
     raise InputError(f"{stamp}: 9,999 runs started this second already; give the run a directory with --out")
 
 
+def _check_runs_folder(parent: Path) -> None:
+    """Where a run without --out goes (runs/): InputError if it is a file or a dangling link."""
+    if (parent.exists() or parent.is_symlink()) and not parent.is_dir():
+        raise InputError(f"{parent} is not a directory (a run without --out goes in {parent}/); give the run a "
+                         "directory with --out")
+
+
 OPENED: list[str] = []   # the run directories open_run opened in this process, in order (the command line names them)
 
 
 def check_new_out(out: str) -> None:
     """--out of a new run: no run there already, no other files it would overwrite (config.json, memory.json),
-    and a place where the directory can be made."""
+    and a place where the directory can be made. No --out: runs/, where open_run will make one, is a directory."""
     if not out:
-        return
+        return _check_runs_folder(Path(new_out(reserve=False)).parent)
     run = Run(out)
     if run.metrics.exists():
         raise InputError(f"--out: {out} already holds a run; use --resume {out} or another --out")

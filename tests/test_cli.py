@@ -370,6 +370,20 @@ def test_two_runs_started_in_the_same_second_without_out_get_a_directory_each(tm
                                      "give the run a directory with --out"
 
 
+def test_runs_a_file_without_out_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """The check of runs/ waited for open_run, after the model had loaded (minutes for the 1.5B): now train.start
+    checks it with the other paths, before the load."""
+    import models
+    loaded = []
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("the model loaded"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("a file where the runs go")
+    assert cli.main(["train", "--model", "tiny-random", "--no-corpus"]) == 2
+    assert one_error_line(capsys) == "spade-mini: error: runs is not a directory (a run without --out goes in runs/); " \
+                                     "give the run a directory with --out"
+    assert loaded == [] and (tmp_path / "runs").read_text() == "a file where the runs go"
+
+
 def test_sigterm_during_train_stops_it_as_ctrl_c_does_with_exit_143(tmp_path, monkeypatch, capsys):
     """timeout, docker stop, scancel and systemd send SIGTERM: it ended the run with exit 143 and not a word."""
     import signal
