@@ -582,6 +582,21 @@ def release_run(root: str | Path) -> None:
         os.close(fd)   # closing the descriptor drops the flock
 
 
+def let_go_on_error(run_fn):
+    """A function that holds run directories (train.train): the ones held since it began are let go when it raises,
+    as end_run lets go a finished run's, so that a notebook's crashed run does not refuse a --resume from a shell."""
+    @functools.wraps(run_fn)
+    def run_then_let_go(*args, **kwargs):
+        before = set(_HELD)
+        try:
+            return run_fn(*args, **kwargs)
+        except BaseException:
+            for key in set(_HELD) - before:
+                release_run(key)
+            raise
+    return run_then_let_go
+
+
 def _same_file(fd: int, path: Path) -> bool:
     try:
         held, there = os.fstat(fd), os.stat(path, follow_symlinks=False)

@@ -45,15 +45,13 @@ def active_skills(cfg: Config, step: int) -> list[str]:
     ['Causal Inference']
     """
     known = envs.skills_of(cfg.setting)   # the six cognitive skills, or the six tool-use skills
-    pool = list(known)
-    if cfg.skills:
-        pool = []
-        for item in cfg.skills.split(","):
-            item = item.strip()
-            name = known[int(item)] if item.isdigit() and int(item) < len(known) else item
-            if name not in known:
-                raise runs.InputError(f"--skills: unknown skill {item!r}; known: {', '.join(known)}")
-            pool.append(name)
+    pool = [] if cfg.skills else list(known)
+    for item in cfg.skills.split(",") if cfg.skills else []:
+        item = item.strip()
+        name = known[int(item)] if item.isdigit() and int(item) < len(known) else item
+        if name not in known:
+            raise runs.InputError(f"--skills: unknown skill {item!r}; known: {', '.join(known)}")
+        pool.append(name)
     k = min(cfg.skills_per_step, len(pool))
     return [pool[(step * k + i) % len(pool)] for i in range(k)]
 
@@ -575,6 +573,7 @@ def same_state_as_main(st: State, first_step: int) -> tuple[State, int]:
     return st, first_step
 
 
+@runs.let_go_on_error   # a run that raises lets its directory go, as runs.end_run does a finished one
 def train(cfg: Config) -> Path:
     """Run self-play from step 0 (or the resumed step) to cfg.steps: one metrics record per step, a
     checkpoint every --checkpoint-every steps and at the end. Under torchrun (cli.py joins the process group)

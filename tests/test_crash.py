@@ -210,6 +210,22 @@ def test_the_lock_is_let_go_when_the_run_ends_so_a_shell_can_resume_it(tmp_path)
     holder.wait()
 
 
+def test_the_lock_is_let_go_when_the_run_crashes_in_a_notebook(tmp_path, monkeypatch):
+    """A run that raised kept its directory held for as long as its process lived: a notebook's crashed run
+    refused a `spade-mini train --resume` from a shell, naming the notebook's pid."""
+    pool = echo_pool(tmp_path)
+    out = tmp_path / "run"
+
+    def crashes(st, step):
+        raise RuntimeError("a step that fails")
+    monkeypatch.setattr(train, "self_play_step", crashes)
+    with pytest.raises(RuntimeError, match="a step that fails"):
+        cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)])
+    holder = hold_in_another_process(out)   # refused, it would print no "held", were the lock still held here
+    holder.kill()
+    holder.wait()
+
+
 def test_a_lock_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("my notes\n")
     run = tmp_path / "run"
