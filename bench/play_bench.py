@@ -108,7 +108,6 @@ def main() -> None:
     import envs
     import models
     import runs
-    import sandbox
     import spade_mini
     import train
 

@@ -616,7 +616,7 @@ def test_eval_says_what_it_does_before_the_first_result(monkeypatch, capsys):
     monkeypatch.setattr(evaluate, "evaluate", fake_evaluate)
     assert cli.main(["eval", "--model", "tiny-random", "--limit", "5"]) == 0
     assert "eval: loading tiny-random" in seen["err"]
-    assert f"eval: loaded in" in seen["err"] and f"{5 * len(evaluate.CATEGORIES)} questions, 16 per" in seen["err"]
+    assert "eval: loaded in" in seen["err"] and f"{5 * len(evaluate.CATEGORIES)} questions, 16 per" in seen["err"]
 
 
 def play_at_a_terminal(keys: list[bytes]) -> tuple[str, int]:

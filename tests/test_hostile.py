@@ -1123,7 +1123,6 @@ def test_play_prints_one_failure_line_then_the_one_outcome_line(code, tmp_path):
 def test_an_env_pool_warning_is_one_inert_line(code, tmp_path, capsys):
     """train --env-pool (load_folder) prints why it skips a file: the verdict's detail."""
     import envs
-    import runs
     (tmp_path / "hostile.py").write_text(code, encoding="utf-8", errors="surrogatepass")
     (tmp_path / "walk.py").write_text(open(os.path.join(os.path.dirname(__file__), "..", "examples", "walk.py")).read())
     valid, rejected = envs.load_folder(str(tmp_path), "--env-pool", Limits(call_timeout=2.0), 12)

@@ -13,8 +13,6 @@ observation, so no cue-blind policy can beat a coin; whole steps rise above that
 import shutil
 from pathlib import Path
 
-import pytest
-
 import regret
 import runs
 import train
