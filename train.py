@@ -497,7 +497,8 @@ def load_checkpoint(st: State, ckpt: Path) -> None:
         st.window = Window.from_json(state["window"], st.cfg.steps) if state.get("window") else None
         records = envs.Memory.records_of(json.loads((ckpt / "memory.json").read_text()))   # checked, not copied
     except Exception as err:           # a truncated or foreign file: which checkpoint, not a traceback
-        raise runs.InputError(f"--resume: {ckpt}: {type(err).__name__}: {err} (remove it, then --rewind)") from err
+        raise runs.InputError(f"--resume: {ckpt}: {type(err).__name__}: {err} (remove it, then spade-mini train "
+                              f"--resume {st.run.root} --rewind)") from err
     st.memory = envs.Memory(st.run.memory, st.cfg.memory_capacity, records)
     st.memory.save()
     for e in st.window.envs if st.window else ():   # an open window's scores were written in a lost timeline

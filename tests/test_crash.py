@@ -340,7 +340,7 @@ def test_a_damaged_newest_checkpoint_removed_the_run_resumes_from_the_one_before
     (out / "checkpoints" / "step_00001" / "adapter_model.safetensors").write_bytes(b"junk")
     capsys.readouterr()
     assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 2
-    assert "(remove it, then --rewind)" in capsys.readouterr().err
+    assert f"(remove it, then spade-mini train --resume {out} --rewind)" in capsys.readouterr().err
     shutil.rmtree(out / "checkpoints" / "step_00001")
     assert cli.main(["train", "--resume", str(out), "--steps", "2"]) == 2
     assert "add --rewind to recompute from step 1" in capsys.readouterr().err
