@@ -1334,7 +1334,8 @@ def bf16_matmul_speedup() -> float:
 
     subtle: the flags do not say it. With avx512_bf16 and no AMX, a 2-core Intel Xeon ran bf16 at 0.53x fp32
     (165 vs 320 GFLOP/s); a 2-core AMD EPYC with avx512_bf16 at 2.6x (356 vs 136, bench/designer_cost.py)."""
-    a, b = torch.randn(512, 1536), torch.randn(1536, 1536)
+    g = torch.Generator().manual_seed(0)   # not the process's generator: a resumed run draws as the first did
+    a, b = torch.randn(512, 1536, generator=g), torch.randn(1536, 1536, generator=g)
     a16, b16 = a.bfloat16(), b.bfloat16()
     return _best_of_3(lambda: a @ b) / _best_of_3(lambda: a16 @ b16)
 
@@ -1444,8 +1445,9 @@ def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep:
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     runs.fault_point("checkpoint", int(folder.name.split("_")[-1]))
-    for name, state in (("optimizer.pt", optimizer.state_dict()),
-                        ("rng.pt", {"torch": torch.get_rng_state(), "python": random.getstate()})):
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    for name, state in (("optimizer.pt", optimizer.state_dict()), ("rng.pt", rng)):
         buffer = io.BytesIO()   # subtle: torch.save's own file writer says a full disk as a RuntimeError
         torch.save(state, buffer)
         (tmp / name).write_bytes(buffer.getbuffer())   # an OSError naming the file
@@ -1463,11 +1465,16 @@ def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep:
 
 
 def load_checkpoint(folder: Path, model, optimizer) -> dict:
-    """Restore the adapter and optimizer state from folder/; returns its state.json. Raises ValueError naming
-    the checkpoint for a truncated or foreign file."""
+    """Restore the adapter, the optimizer state and the random number generators (LoRA dropout draws from them)
+    from folder/; returns its state.json. Raises ValueError naming the checkpoint for a truncated or foreign file."""
     try:
         load_adapter(model, folder)
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+        rng = torch.load(folder / "rng.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if torch.cuda.is_available() and len(rng.get("cuda", [])) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(rng["cuda"])
         return json.loads((folder / "state.json").read_text())
     except Exception as err:
         raise ValueError(f"checkpoint {folder} is unreadable ({type(err).__name__}: {err})") from err

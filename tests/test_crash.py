@@ -59,6 +59,24 @@ def test_sigkill_then_resume_leaves_valid_files_and_every_step_once(tmp_path, po
         assert sorted(p.name for p in (out / "envs").iterdir()) == ["step_00000", "step_00001"]
 
 
+def test_a_run_with_lora_dropout_killed_and_resumed_trains_as_the_uninterrupted_run(tmp_path):
+    """rng.pt went into every checkpoint and was never read back: a resumed run drew its dropout masks from the
+    seed, not from where the run was, and its gradients parted from the uninterrupted run's at the first update."""
+    pool = echo_pool(tmp_path)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    argv = [*TINY, "--steps", "3", "--lora-dropout", "0.1", "--env-pool", str(pool)]
+    env = {**os.environ, "SPADE_MINI_KILL_AT": "update:1"}
+    killed = subprocess.run([sys.executable, str(ROOT / "cli.py"), "train", *argv, "--out", str(cut)], env=env,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert cli.main(["train", "--resume", str(cut), "--steps", "3"]) == 0
+    assert cli.main(["train", *argv, "--out", str(whole)]) == 0
+
+    def norms(run):
+        return [r["loss/grad_norm"] for r in runs.read_jsonl(run / "metrics.jsonl") if "step" in r]
+    assert len(norms(whole)) == 3 and norms(cut) == norms(whole)
+
+
 def test_sigterm_sent_to_a_real_train_process_mid_run_is_one_line_exit_143_and_the_run_resumes(tmp_path):
     """As `timeout` or `docker stop` ends it: a SIGTERM from outside just after step 0's checkpoint (model, sandbox
     children and the log's progress lines all live) gives exit 143, one line naming the resume, and every step
