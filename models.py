@@ -1460,7 +1460,7 @@ def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep:
             os.fsync(fh.fileno())
     shutil.rmtree(folder, ignore_errors=True)
     os.rename(tmp, folder)
-    for old in sorted(p for p in folder.parent.glob("step_*") if (p / "state.json").exists())[:-keep]:
+    for old in runs.complete_checkpoints(folder.parent)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)   # complete ones only: a stray folder must not count as one kept
 
 

@@ -395,7 +395,7 @@ class Run:
         return self.root / "envs" / f"step_{step:05d}"
 
     def latest_checkpoint(self) -> Path | None:
-        done = sorted(p for p in self.checkpoints.glob("step_*") if (p / "state.json").exists())
+        done = complete_checkpoints(self.checkpoints)
         return done[-1] if done else None
 
     def rewind(self, next_step: int) -> None:
@@ -409,6 +409,13 @@ class Run:
         for stale in (self.root / "envs").glob("step_*"):
             if int(stale.name.split("_")[1]) >= next_step:
                 shutil.rmtree(stale, ignore_errors=True)
+
+
+def complete_checkpoints(folder: Path) -> list[Path]:
+    """folder's complete checkpoints (step_N holding its state.json, which goes in before the rename), oldest first
+    by N: by name, step_100000 would come before step_99999."""
+    done = [p for p in folder.glob("step_*") if re.fullmatch(r"step_\d+", p.name) and (p / "state.json").exists()]
+    return sorted(done, key=lambda p: int(p.name[5:]))
 
 
 def existing_run(root: str | Path, flag: str) -> Run:

@@ -244,6 +244,24 @@ def test_the_lock_is_let_go_when_the_run_crashes_in_a_notebook(tmp_path, monkeyp
     holder.wait()
 
 
+def test_checkpoints_past_step_99999_are_kept_and_found_by_their_step_not_their_name(tmp_path):
+    """By name step_100000 sorts before step_99999: the prune deleted each new checkpoint as it was written, and a
+    resume found step 99999 where last_checkpoint.json said 100000."""
+    import models
+    import torch
+
+    class Adapter:
+        def save_pretrained(self, folder):
+            (Path(folder) / "adapter_model.safetensors").write_bytes(b"")
+    run = runs.Run(tmp_path)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    for step in (99_998, 99_999, 100_000):
+        models.save_checkpoint(run.checkpoints / f"step_{step:05d}", Adapter(), optimizer,
+                               {"state.json": json.dumps({"step": step}) + "\n"}, keep=2)
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step_100000", "step_99999"]
+    assert run.latest_checkpoint().name == "step_100000" and runs.steps_done(run) == 100_001
+
+
 def test_a_lock_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("my notes\n")
     run = tmp_path / "run"
