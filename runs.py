@@ -953,15 +953,17 @@ def print_summary(run: Run) -> None:
         print(f"{r['step']:>4} " + " ".join(cells))
 
 
-def tensorboard_writer(enabled: bool, run: Run):
-    """A TensorBoard SummaryWriter under RUN_DIR/tb, or None; imported only when asked for (--tensorboard)."""
+def tensorboard_writer(enabled: bool, run: Run, first_step: int = 0):
+    """A TensorBoard SummaryWriter under RUN_DIR/tb, or None; imported only when asked for (--tensorboard). A resumed
+    run's (first_step > 0) has TensorBoard drop the events of steps >= first_step that earlier processes wrote (its
+    purge_step): they belong to the timeline the resume recomputes, and would show beside the new ones."""
     if not enabled:
         return None
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as err:
         raise InputError("--tensorboard needs the tensorboard package (pip install tensorboard)") from err
-    return SummaryWriter(str(run.root / "tb"))
+    return SummaryWriter(str(run.root / "tb"), purge_step=first_step or None)
 
 
 def log_tensorboard(writer, record: dict, step: int) -> None:

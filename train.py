@@ -581,7 +581,7 @@ def train(cfg: Config) -> Path:
     every rank runs this loop, and rank 0 alone logs, prints and checkpoints."""
     st, first_step = start(cfg)
     cfg, run, main = st.cfg, st.run, models.is_main()
-    writer = runs.tensorboard_writer(cfg.tensorboard and main, run)
+    writer = runs.tensorboard_writer(cfg.tensorboard and main, run, first_step)
     if cfg.eval_every and first_step == 0:   # the untrained base model, logged as step -1
         base = held_out_eval(st)
         if main:

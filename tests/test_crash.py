@@ -262,6 +262,26 @@ def test_checkpoints_past_step_99999_are_kept_and_found_by_their_step_not_their_
     assert run.latest_checkpoint().name == "step_100000" and runs.steps_done(run) == 100_001
 
 
+def test_a_resumed_runs_tensorboard_drops_the_events_of_the_steps_it_recomputes(tmp_path, monkeypatch):
+    """The lost timeline's scalars stayed in RUN_DIR/tb beside the recomputed ones: TensorBoard showed those steps
+    twice. A resume at step N opens its writer with purge_step N (TensorBoard then drops events of steps >= N)."""
+    import types
+    opened = []
+
+    class SummaryWriter:   # the tensorboard package is optional and not installed for the tests
+        def __init__(self, logdir, purge_step=None):
+            opened.append((Path(logdir).name, purge_step))
+
+        def add_scalar(self, name, value, step):
+            pass
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
+    pool = echo_pool(tmp_path)
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--steps", "2", "--tensorboard", "--out", str(out), "--env-pool", str(pool)]) == 0
+    assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 0
+    assert opened == [("tb", None), ("tb", 2)]
+
+
 def test_a_lock_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("my notes\n")
     run = tmp_path / "run"
