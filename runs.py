@@ -272,9 +272,14 @@ def write_atomic(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)   # the rename itself survives a power cut only once the directory is synced
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make the entries of `folder` (files made, renamed or removed in it) survive a power cut."""
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)   # the rename itself survives a power cut only once the directory is synced
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
@@ -624,6 +629,7 @@ def open_run(cfg):
             for stale in run.checkpoints.glob("step_*"):
                 if not re.fullmatch(r"step_\d+", stale.name) or int(stale.name[5:]) >= start:
                     shutil.rmtree(stale, ignore_errors=True)
+            fsync_dir(run.checkpoints)
             write_atomic(run.last_checkpoint, json.dumps({"step": start - 1}) + "\n")
         if start == 0:
             run.memory.unlink(missing_ok=True)  # the memory of a step that never reached a checkpoint

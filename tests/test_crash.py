@@ -262,6 +262,28 @@ def test_checkpoints_past_step_99999_are_kept_and_found_by_their_step_not_their_
     assert run.latest_checkpoint().name == "step_100000" and runs.steps_done(run) == 100_001
 
 
+def test_a_checkpoint_folder_and_its_rename_are_synced_before_the_caller_names_it(tmp_path, monkeypatch):
+    """Each file was fsynced, but not the folder's entries nor the rename: after a power cut on a file system that
+    does not keep metadata in order, last_checkpoint.json could name a step_N that the disk never got."""
+    import models
+    import torch
+
+    class Adapter:
+        def save_pretrained(self, folder):
+            (Path(folder) / "adapter_model.safetensors").write_bytes(b"")
+    events, sync, rename = [], runs.fsync_dir, os.rename
+    monkeypatch.setattr(runs, "fsync_dir", lambda folder: events.append(("sync", Path(folder).name)) or sync(folder))
+    monkeypatch.setattr(os, "rename", lambda a, b: events.append(("rename", Path(b).name)) or rename(a, b))
+    run = runs.Run(tmp_path)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    for step in (2, 3):
+        models.save_checkpoint(run.checkpoints / f"step_{step:05d}", Adapter(), optimizer,
+                               {"state.json": json.dumps({"step": step}) + "\n"}, keep=1)
+    assert events[4:] == [("sync", ".tmp_step_00003"), ("rename", "step_00003"), ("sync", "checkpoints"),
+                          ("sync", "checkpoints")]   # the last after step 2's folder was pruned
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step_00003"]
+
+
 def test_a_resumed_runs_tensorboard_drops_the_events_of_the_steps_it_recomputes(tmp_path, monkeypatch):
     """The lost timeline's scalars stayed in RUN_DIR/tb beside the recomputed ones: TensorBoard showed those steps
     twice. A resume at step N opens its writer with purge_step N (TensorBoard then drops events of steps >= N)."""
