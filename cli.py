@@ -166,9 +166,12 @@ def add_config_flags(parser: argparse.ArgumentParser, config_class) -> None:
 
 
 def config_from_args(explicit: dict):
-    """Precedence: Config defaults < preset < flags given on the command line."""
+    """Precedence: Config defaults < preset < flags given on the command line. A path's leading ~ is the home
+    directory's, as the shell expands it (which it does not in `--out=~/x`)."""
     preset = explicit.get("preset", runs.Config.preset)
-    return runs.Config(**{**preset_overrides(preset), **explicit, "preset": preset})
+    paths = {k: os.path.expanduser(v) for k, v in explicit.items()
+             if k in ("out", "resume", "corpus", "env_pool", "eval_pool", "backfill") and isinstance(v, str)}
+    return runs.Config(**{**preset_overrides(preset), **explicit, **paths, "preset": preset})
 
 
 def preset_overrides(preset: str) -> dict:
@@ -220,7 +223,7 @@ def check_config(train, cfg) -> None:
         if isinstance(value, float) and not math.isfinite(value) and not (
                 value == math.inf and field.name in ("max_grad_norm", "clip_high")):   # inf: clipping off
             raise InputError(f"--{field.name.replace('_', '-')} must be a finite number (got {value})")
-    for name in ("temperature", "lr", "call_timeout", "dist_timeout", "max_grad_norm"):
+    for name in ("temperature", "lr", "call_timeout", "dist_timeout", "max_grad_norm", "lora_alpha"):
         if not getattr(cfg, name) > 0:   # max_grad_norm: 0 zeroes every update, a negative one reverses it
             raise InputError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(cfg, name)})")
     if cfg.call_timeout > MAX_WAIT:
@@ -229,6 +232,15 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--lora-dropout must be in [0, 1) (got {cfg.lora_dropout})")
     if not 0 < cfg.top_p <= 1:
         raise InputError(f"--top-p must be in (0, 1] (got {cfg.top_p})")
+    if not (0 <= cfg.clip_low < 1 and cfg.clip_high >= 0):   # the ratio is clamped to [1 - low, 1 + high]
+        raise InputError(f"--clip-low must be in [0, 1) and --clip-high >= 0 (got {cfg.clip_low}, {cfg.clip_high})")
+    for name in ("top_k", "memory_duplicates"):   # 0: off (no top-k cut; no cap on a signature's records)
+        if getattr(cfg, name) < 0:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 0, 0 for none (got {getattr(cfg, name)})")
+    if not (envs.PROMPTS / cfg.agent_prompt).is_file():   # else a crash at the first play, the designs made
+        raise InputError(f"--agent-prompt: {cfg.agent_prompt} is not a file (a name in {envs.PROMPTS}, or a path)")
+    if Path(cfg.cache_dir).expanduser().exists() and not Path(cfg.cache_dir).expanduser().is_dir():
+        raise InputError(f"--cache-dir: {cfg.cache_dir} is a file, not a directory")
     if cfg.hint_temperature < 0:
         raise InputError(f"--hint-temperature must be >= 0 (0 = greedy; got {cfg.hint_temperature})")
     if not cfg.logprob_temperature >= 0:
@@ -265,10 +277,21 @@ def check_model(name: str) -> None:
         if not path.exists():
             raise InputError(f"--model: {name} does not exist")
         return
-    from huggingface_hub import try_to_load_from_cache   # note: light, but only train needs it
-    if try_to_load_from_cache(name, "config.json") is None:
+    if cached_config(name) is None:
         raise InputError(f"--model: {name} is not in the local Hugging Face cache and spade-mini never "
                               f"downloads; fetch it first (`hf download {name}`) or pass a model directory")
+
+
+def cached_config(name: str):
+    """The local Hugging Face cache's config.json of the model id `name` (a path), or None; InputError where `name`
+    is no model id at all (a mistyped path, a space: huggingface_hub's HFValidationError)."""
+    from huggingface_hub import try_to_load_from_cache   # note: light, but only plan, train and eval need it
+    from huggingface_hub.errors import HFValidationError
+    try:
+        return try_to_load_from_cache(name, "config.json")
+    except HFValidationError:
+        raise InputError(f"--model: {name} does not exist (not a model directory, a .gguf file or a Hugging Face "
+                         "id)") from None
 
 
 def check_bundled(name: str, cache_dir: str) -> None:
@@ -405,6 +428,7 @@ def cmd_train(explicit: dict) -> int:
         if ignored:   # a changed --lr or --plays would otherwise be dropped without a word
             print(f"spade-mini: --resume continues {run.root} with its config.json: {', '.join(ignored)} ignored "
                   f"(only --steps is taken)")
+        check_config(None, cfg)   # --steps 0 too, before it reads as "nothing to do"
         if done >= cfg.steps:
             print(f"spade-mini: {run.root} already has {done} steps (--steps {cfg.steps}): nothing to do; continue "
                   f"it with --resume {run.root} --steps {done + 1} or more")
@@ -470,8 +494,7 @@ def model_config(name: str, cache_dir: str) -> str:
         raise InputError(f"--model {name}: its shape is read from the converted copy in {path.parent}, which the "
                          f"first `spade-mini train --model {name}` (or eval) writes; run one first, or plan a GPU "
                          "preset (spade-mini plan --preset 4b)")
-    from huggingface_hub import try_to_load_from_cache   # note: light, but only plan and train need it
-    found = None if path.exists() else try_to_load_from_cache(name, "config.json")
+    found = None if path.exists() else cached_config(name)
     if not isinstance(found, str):
         raise InputError(f"--model: no config.json of {name} on this machine (a preset's model, a model directory "
                          "or a cached Hugging Face id)")
@@ -698,7 +721,7 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
         raise InputError(f"score input: {where} must be {what} (docs/score.md)")
 
     def finite(x) -> bool:   # at most 1e100 in size: a z-score squares returns (1e308 overflowed)
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= 1e100
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) <= 1e100   # exact for any int
 
     def numbers(value, where: str) -> list:
         if not (isinstance(value, list) and all(finite(x) for x in value)):

@@ -35,7 +35,7 @@ import referencing
 
 import isolation
 import runs
-from sandbox import EnvProcess, Limits, SandboxError
+from sandbox import EnvProcess, Limits, SandboxError, inert
 
 SKILLS = ("Mathematical Reasoning", "Logical Deduction", "Spatial Reasoning",
           "Pattern Recognition", "Optimization", "Causal Inference")
@@ -550,7 +550,7 @@ def load_folder(folder: str, flag: str, limits: Limits, max_turns: int,
             valid.append((f.stem, code))
         else:
             rejected[f.stem] = verdict.reason
-            runs.warn(f"{flag}: skipping {f.name} ({verdict.reason}: {verdict.detail})")
+            runs.warn(f"{flag}: skipping {inert(f.name, one_line=True)} ({verdict.reason}: {verdict.detail})")
     if not valid:
         raise runs.InputError(f"{flag}: no valid environment in {folder}")
     return valid, rejected
@@ -567,11 +567,11 @@ def _readable(code: str | bytes | None) -> str:
         raise Rejected("no_code", "no ```python block in the answer")
     try:
         raw = code if isinstance(code, bytes) else code.encode("utf-8")
+        if len(raw) > MAX_CODE_BYTES:   # before the decode: a 2 GB file is not made a 2 GB str to be refused
+            raise Rejected("too_large", f"{len(raw)} bytes of code; the limit is {MAX_CODE_BYTES}")
         text = raw.decode("utf-8") if isinstance(code, bytes) else code
     except UnicodeError as err:
         raise Rejected("encoding", f"not valid UTF-8: {err.reason}") from None
-    if len(raw) > MAX_CODE_BYTES:
-        raise Rejected("too_large", f"{len(raw)} bytes of code; the limit is {MAX_CODE_BYTES}")
     if "\x00" in text:
         raise Rejected("syntax", "source contains a NUL byte")
     return text

@@ -83,7 +83,7 @@ class Config:
     temperature: float = 0.7            # sampling temperature (log-probs are taken at the same temperature)
     logprob_temperature: float = 0.0    # the update scores log-probs at this T; 0: --temperature (dep. 28), 1: official
     top_p: float = 0.95                 # nucleus sampling
-    top_k: int = 20                     # top-k sampling
+    top_k: int = 20                     # top-k sampling (0: off)
     hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
     thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
@@ -95,7 +95,7 @@ class Config:
     invalid_reward: float = regret.INVALID_REWARD  # its designer reward, centred with its skill's valid ones
     fair_games: bool = True             # a designed game's solution() must replay, beat probes, vary by seed (dep. 29)
     play_guard: bool = True             # zero the designer reward of a game a scripted player wins unreasoning (dep. 32)
-    memory_duplicates: int = 2          # memory records that share one mechanics signature, at most (oldest dropped)
+    memory_duplicates: int = 2          # records of one mechanics signature kept, at most (oldest dropped; 0: no cap)
     # ablations
     no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)
     no_memory: bool = False             # designer prompts get no memory examples
@@ -1060,8 +1060,15 @@ def model_shape(model: str) -> dict:
     if path.name != "config.json" or not path.is_file():
         raise InputError(f"no shape known for {model!r}: give a preset's model ({', '.join(sorted(MODEL_SHAPES))}), "
                          "a local model directory or its config.json")
-    config = json.loads(path.read_text())
-    config = config.get("text_config", config)   # a multimodal config keeps the language model inside
+    try:
+        config = json.loads(path.read_text())
+        config = config.get("text_config", config)   # a multimodal config keeps the language model inside
+        needed = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
+        bad = [k for k in needed if type(config.get(k)) is not int or config[k] < 1]
+        if bad:
+            raise ValueError(f"{bad[0]} is {config.get(bad[0])!r}, not a positive integer")
+    except (OSError, ValueError, AttributeError) as err:   # unreadable, not JSON, not an object
+        raise InputError(f"{path}: not a model config that a plan can read ({type(err).__name__}: {err})") from None
     config.setdefault("head_dim", config["hidden_size"] // config["num_attention_heads"])
     config.setdefault("num_key_value_heads", config["num_attention_heads"])
     return config

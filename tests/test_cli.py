@@ -30,7 +30,9 @@ def one_error_line(capsys) -> str:
                                   "reply prefix in tool use", "reply prefix when thinking", "bf16 static cache",
                                   "infinite lr", "nan clip", "negative clip", "zero clip", "dropout 2", "nan kl",
                                   "infinite call timeout", "call timeout past a day", "tiny temperature",
-                                  "tiny hint temperature", "huge temperature", "huge card"])
+                                  "tiny hint temperature", "huge temperature", "huge card", "no model id",
+                                  "negative lora alpha", "negative clip low", "negative clip high", "negative top-k",
+                                  "negative memory duplicates", "missing agent prompt", "cache dir a file"])
 def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("some notes\nnot json\n")
@@ -48,7 +50,12 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "nan kl": ["--kl-beta", "nan"], "infinite call timeout": ["--call-timeout", "inf"],
              "call timeout past a day": ["--call-timeout", "3e6"], "tiny temperature": ["--temperature", "1e-40"],
              "tiny hint temperature": ["--hint-temperature", "1e-300"], "huge temperature": ["--temperature", "1e300"],
-             "huge card": ["--gpu-gb", "1e9"]}[case]
+             "huge card": ["--gpu-gb", "1e9"], "no model id": ["--model", "models/qwen/v1"],
+             "negative lora alpha": ["--lora-alpha", "-32"], "negative clip low": ["--clip-low", "-3"],
+             "negative clip high": ["--clip-high", "-5"], "negative top-k": ["--top-k", "-5"],
+             "negative memory duplicates": ["--memory-duplicates", "-3"],
+             "missing agent prompt": ["--agent-prompt", "nonexist.txt"], "cache dir a file": ["--cache-dir", str(notes)]
+             }[case]
     out = tmp_path / "run"
     assert cli.main(["train", *flags, "--out", str(out)]) == 2
     line = one_error_line(capsys)
@@ -72,7 +79,14 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
             # logits over 1e-40 are inf: the sampler's multinomial raised after the model had loaded
             "tiny temperature": "--temperature must be in [0.001, 100] (got 1e-40)",
             "tiny hint temperature": "--hint-temperature must be in [0.001, 100]",
-            "huge temperature": "--temperature must be in [0.001, 100]", "huge card": "--gpu-gb must be at most 4096"
+            "huge temperature": "--temperature must be in [0.001, 100]", "huge card": "--gpu-gb must be at most 4096",
+            # a second audit's: a traceback (huggingface_hub's HFValidationError; the cache's NotADirectoryError),
+            # nonsense taken without a word, and a prompt file missing at the first play, after the designs
+            "no model id": "--model: models/qwen/v1 does not exist", "negative lora alpha": "--lora-alpha must be > 0",
+            "negative clip low": "--clip-low must be in [0, 1)", "negative clip high": "--clip-high >= 0",
+            "negative top-k": "--top-k must be >= 0", "negative memory duplicates": "--memory-duplicates must be >= 0",
+            "missing agent prompt": "--agent-prompt: nonexist.txt is not a file",
+            "cache dir a file": "--cache-dir: " + str(notes) + " is a file"
             }[case]   # the error of its own case
     assert said in line, line
 
@@ -129,6 +143,33 @@ def test_score_refuses_returns_whose_square_overflows(tmp_path, capsys):
     path.write_text(json.dumps(window))
     assert cli.main(["score", str(path)]) == 2
     assert "a list of finite numbers (at most 1e100 in size)" in one_error_line(capsys)
+
+
+def test_score_refuses_an_integer_too_large_for_a_float(tmp_path, capsys):
+    """math.isfinite(10**400) raises OverflowError: it was a traceback."""
+    path = tmp_path / "window.json"
+    path.write_text('{"variant": "regret", "window": 1, "envs": [{"skill": "A", "unhinted": [[1' + "0" * 400 + ', 1]]}]}')
+    assert cli.main(["score", str(path)]) == 2
+    assert "a list of finite numbers (at most 1e100 in size)" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("config", ["{}", "garbage", "[1]", '{"hidden_size": "1536"}'])
+def test_plan_of_a_model_directory_with_a_config_it_cannot_read_is_one_line(config, tmp_path, capsys):
+    """A KeyError or JSONDecodeError traceback, exit 1, which `plan` means as "does not fit"."""
+    (tmp_path / "config.json").write_text(config)
+    assert cli.main(["plan", "--model", str(tmp_path), "--gpu-gb", "24"]) == 2
+    assert "not a model config that a plan can read" in one_error_line(capsys)
+
+
+def test_out_and_resume_expand_a_leading_tilde_as_the_shell_does(tmp_path, monkeypatch, capsys):
+    """`--out=~/x` (no shell expansion in that form) made a directory named ~ in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    stub_train(monkeypatch, tmp_path, lambda: None)
+    assert cli.main(["train", "--model", "tiny-random", "--out=~/run"]) == 0
+    assert (tmp_path / "home" / "run" / "config.json").exists() and not (tmp_path / "~").exists()
+    assert cli.main(["train", "--resume", "~/run", "--steps", "0"]) == 2   # a resume's --steps checked too
+    assert "--steps must be >= 1 (got 0)" in one_error_line(capsys)
 
 
 def test_bad_train_inputs_are_reported_before_torch_is_imported(tmp_path):

@@ -118,6 +118,19 @@ def test_validate_bad_input_is_a_verdict_not_a_crash(code, reason):
     assert envs.validate(code, LIMITS).reason == reason
 
 
+def test_a_program_too_large_is_refused_before_it_is_decoded():
+    """The bytes were decoded to a str first, then measured: a 2 GB file held 4 GB to be refused."""
+    import tracemalloc
+    raw = b"x = 1\n" * 10_000_000   # 60 MB
+    tracemalloc.start()
+    try:
+        verdict = envs.validate(raw, LIMITS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert verdict.reason == "too_large" and peak < 1_000_000, peak
+
+
 def test_validate_accepts_utf8_bytes():
     assert envs.validate(source("guess.py").encode(), LIMITS).valid
 

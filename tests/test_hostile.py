@@ -1119,6 +1119,18 @@ def test_play_prints_one_failure_line_then_the_one_outcome_line(code, tmp_path):
     assert json.loads(lines[1]) == {"return": -1.0, "turns": 0, "terminated": False, "failure": "error"}
 
 
+def test_a_skipped_files_name_reaches_the_terminal_inert(tmp_path, capsys):
+    """The warning escaped the verdict's detail but printed the file's name raw: a name holding ESC and OSC set
+    the terminal's colour and title."""
+    import envs
+    (tmp_path / "n\x1b[31mred\x1b]0;T\x07.py").write_text("class XEnv:\n    def __init__(self, **kw):\n"
+                                                        "        raise RuntimeError('no')\n")
+    (tmp_path / "walk.py").write_text(open(os.path.join(os.path.dirname(__file__), "..", "examples", "walk.py")).read())
+    envs.load_folder(str(tmp_path), "--env-pool", Limits(call_timeout=2.0), 12)
+    err = capsys.readouterr().err
+    assert "skipping n\\x1b[31mred\\x1b]0;T\\x07.py (init_error" in err and not {"\x1b", "\x07"} & set(err), err
+
+
 @HOSTILE_TEXTS
 def test_an_env_pool_warning_is_one_inert_line(code, tmp_path, capsys):
     """train --env-pool (load_folder) prints why it skips a file: the verdict's detail."""
