@@ -446,6 +446,8 @@ def cmd_train(explicit: dict) -> int:
         import models
         import train
     check_config(train, cfg)   # now the skill names too
+    if cfg.eval_pool and cfg.eval_every:   # played at the first evaluation, after the model loads: checked now
+        envs.load_folder(cfg.eval_pool, "--eval-pool", train.limits_of(cfg), cfg.max_turns, cfg.setting)
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
     # note: a run without --out is named and made by runs.open_run (rank 0, every input read); the messages below
     # name it once it is open; torchrun's other ranks guess the name of this second, as rank 0 was likely to take it
@@ -932,6 +934,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(f"--max-new-tokens must be >= 0 (0: the preset's; got {args.max_new_tokens})")
     if args.save and (Path(args.save).is_dir() or not Path(args.save).absolute().parent.is_dir()):
         raise InputError(f"--save: {args.save} cannot be written: give a file in a folder that exists")   # now
+    pool = envs.load_folder(args.env_pool, "--env-pool", Limits(), args.max_turns, args.setting) \
+        if args.env_pool else None   # now, not after the model and the whole evaluation
     name, adapter, kwargs = eval_source(args)
     t0 = time.time()   # progress goes to stderr: with --json, stdout's last line must stay the result
     try:
@@ -959,7 +963,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result.update(evaluate.pool_win_rate(model, tok, args.env_pool, plays=args.pool_plays, seed=args.seed,
                                              max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                                              setting=args.setting, prompt=args.agent_prompt,
-                                             reply_prefix=args.agent_reply_prefix))
+                                             reply_prefix=args.agent_reply_prefix, loaded=pool))
     result.update(model=name, adapter=str(adapter) if adapter else None, limit=args.limit, seed=args.seed)
     if args.save:
         runs.write_atomic(args.save, json.dumps(result, indent=2) + "\n")

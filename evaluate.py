@@ -168,11 +168,14 @@ def evaluate(model, tok, *, limit: int, seed: int = 0, max_new_tokens: int = 256
 
 def pool_win_rate(model, tok, folder: str | Path, *, plays: int = 4, seed: int = 0, max_turns: int = 12,
                   max_new_tokens: int = 256, max_episode_tokens: int = 2048, limits: Limits = Limits(),
-                  setting: str = "games", prompt: str = "agent.txt", reply_prefix: str = "") -> dict:
+                  setting: str = "games", prompt: str = "agent.txt", reply_prefix: str = "", flag: str = "--env-pool",
+                  loaded: tuple | None = None) -> dict:
     """Play every valid environment of `folder` `plays` times without a hint (greedy; the plays differ by
-    environment seed), the first message from prompts/`prompt` and the replies' prefix as in training. Returns {"pool_win_rate", "pool_return", "pool_envs": {name: win rate}, "pool_skipped"}."""
+    environment seed), the first message from prompts/`prompt` and the replies' prefix as in training. Returns {"pool_win_rate", "pool_return", "pool_envs": {name: win rate}, "pool_skipped"}.
+    flag: the option that named the folder, for its messages; loaded: envs.load_folder's result, where the caller
+    validated the folder before loading the model."""
     t0 = time.time()
-    pool, skipped = envs.load_folder(folder, "--env-pool", limits, max_turns, setting)
+    pool, skipped = loaded or envs.load_folder(folder, flag, limits, max_turns, setting)
     specs = [spade_mini.EpisodeSpec(code, envs.derive_seed(seed, 0, "eval-pool", j * 1000 + i), None, (name, i), prompt,
                                    reply_prefix) for j, (name, code) in enumerate(pool) for i in range(plays)]
     episodes = spade_mini.play(model, tok, specs, max_turns=max_turns, max_new_tokens=max_new_tokens,
@@ -205,7 +208,7 @@ def eval_metrics(model, tok, *, limit: int, seed: int, max_new_tokens: int, env_
     if env_pool:
         pool = pool_win_rate(model, tok, env_pool, plays=pool_plays, seed=seed, max_turns=max_turns,
                              max_new_tokens=max_new_tokens, max_episode_tokens=max_episode_tokens, limits=limits,
-                             setting=setting, prompt=prompt, reply_prefix=reply_prefix)
+                             setting=setting, prompt=prompt, reply_prefix=reply_prefix, flag="--eval-pool")
         out.update({"eval/pool_win_rate": pool["pool_win_rate"], "perf/eval_pool_s": pool["pool_s"]})
     return out
 

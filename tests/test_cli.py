@@ -411,6 +411,26 @@ def test_two_runs_started_in_the_same_second_without_out_get_a_directory_each(tm
                                      "give the run a directory with --out"
 
 
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_a_pool_with_no_valid_environment_is_one_line_before_the_model_loads(command, tmp_path, monkeypatch, capsys):
+    """eval --env-pool was validated after the model and the whole evaluation (its scores lost), train --eval-pool
+    at the first evaluation (after a step, the run directory left behind) and named as --env-pool."""
+    import models
+    monkeypatch.setattr(models, "load_for_eval", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "broken.py").write_text("class BrokenEnv:\n    def __init__(self, **kw):\n        raise RuntimeError('no')\n")
+    flags = {"eval": ["eval", "--model", "tiny-random", "--limit", "1", "--env-pool", str(pool)],
+             "train": ["train", "--model", "tiny-random", "--eval-pool", str(pool), "--eval-every", "1",
+                       "--out", str(tmp_path / "run")]}[command]
+    assert cli.main(flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    flag = {"eval": "--env-pool", "train": "--eval-pool"}[command]
+    assert err[-1] == f"spade-mini: error: {flag}: no valid environment in {pool}", err
+    assert not (tmp_path / "run").exists()
+
+
 def test_runs_a_file_without_out_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
     """The check of runs/ waited for open_run, after the model had loaded (minutes for the 1.5B): now train.start
     checks it with the other paths, before the load."""
