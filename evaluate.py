@@ -1166,9 +1166,10 @@ def compare_runs(a: list[Path], b: list[Path], tolerance: float = CONFORM_TOLERA
     approximation) holds 0."""
     def steps(run: Path) -> dict[int, dict]:
         path = run / "metrics.jsonl" if run.is_dir() else run
-        if not path.exists():
-            raise InputError(f"{path}: no such file (a run directory holds metrics.jsonl)")
-        return {r["step"]: r for r in runs.read_jsonl(path) if "step" in r}
+        if not path.is_file():
+            raise InputError(f"{path}: no such file (a run directory holds metrics.jsonl)" if not path.exists() else
+                             f"{path} is not a file (a run directory holds metrics.jsonl)")
+        return {r["step"]: r for r in runs.read_jsonl(path) if type(r.get("step")) is int}   # a step, not [0] or {}
     if not a or not b:
         raise InputError("--runs: each side needs at least one run (comma-separated for several)")
     left, right = [steps(p) for p in a], [steps(p) for p in b]

@@ -144,6 +144,20 @@ def test_two_runs_that_both_logged_a_nan_do_not_agree_on_it(tmp_path):
     assert rows == {"loss/grad_norm": False, "agent/return_nohint": True}
 
 
+def test_compare_runs_skips_a_step_that_is_no_number_and_names_a_metrics_folder(tmp_path, capsys):
+    """A line with "step": [0] or {} was a TypeError traceback (unhashable), a folder named metrics.jsonl an
+    IsADirectoryError: an audit's."""
+    write_run(tmp_path / "a", [{"loss/policy": 0.5}])
+    (tmp_path / "b.jsonl").write_text('{"step": [0], "loss/policy": 1}\n{"step": {"a": 1}}\n{"step": 0, "loss/policy": 0.5}\n')
+    (tmp_path / "d" / "metrics.jsonl").mkdir(parents=True)
+    assert cli.main(["conform", "--runs", str(tmp_path / "a"), str(tmp_path / "b.jsonl")]) == 0
+    assert "1 of 1 values agree over 1 common steps" in capsys.readouterr().out
+    assert cli.main(["conform", "--runs", str(tmp_path / "a"), str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"spade-mini: error: {tmp_path / 'd' / 'metrics.jsonl'} is not a file (a run directory holds "
+                   "metrics.jsonl)"], err
+
+
 def test_several_runs_a_side_agree_when_the_interval_of_the_difference_holds_zero(tmp_path):
     """Side a: 0.4, 0.5, 0.6 (mean 0.5, variance 0.01); side b: 0.5, 0.6, 0.7 (mean 0.6): the half-width is
     1.96 * sqrt(0.01/3 + 0.01/3) = 0.16 > 0.1, so they agree; b at 0.9, 1.0, 1.1 (mean 1.0) does not."""
