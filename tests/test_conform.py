@@ -148,7 +148,8 @@ def test_compare_runs_skips_a_step_that_is_no_number_and_names_a_metrics_folder(
     """A line with "step": [0] or {} was a TypeError traceback (unhashable), a folder named metrics.jsonl an
     IsADirectoryError: an audit's."""
     write_run(tmp_path / "a", [{"loss/policy": 0.5}])
-    (tmp_path / "b.jsonl").write_text('{"step": [0], "loss/policy": 1}\n{"step": {"a": 1}}\n{"step": 0, "loss/policy": 0.5}\n')
+    (tmp_path / "b.jsonl").write_text('{"step": [0], "loss/policy": 1}\n{"step": {"a": 1}}\n'
+                                      '{"step": 0, "loss/policy": 0.5}\n')
     (tmp_path / "d" / "metrics.jsonl").mkdir(parents=True)
     assert cli.main(["conform", "--runs", str(tmp_path / "a"), str(tmp_path / "b.jsonl")]) == 0
     assert "1 of 1 values agree over 1 common steps" in capsys.readouterr().out
