@@ -273,6 +273,15 @@ def check_model(name: str) -> None:
                               "a Hugging Face id")
     if path.is_dir() and not (path / "config.json").exists():
         raise InputError(f"--model: {name} is a directory without config.json (not a saved model)")
+    try:   # a torn download or a stray file: transformers' traceback after the torch import, else
+        if path.is_dir() and not isinstance(json.loads((path / "config.json").read_text()), dict):
+            raise ValueError("not a JSON object")
+        if path.is_file():
+            with path.open("rb") as f:
+                if f.read(4) != b"GGUF":
+                    raise ValueError("a GGUF file starts with the bytes GGUF")
+    except (OSError, ValueError) as err:
+        raise InputError(f"--model: {name} is not a model that can be loaded ({err})") from None
     if name.endswith(".gguf") or name.startswith((".", "/", "~")) or path.exists():
         if not path.exists():
             raise InputError(f"--model: {name} does not exist")

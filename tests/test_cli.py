@@ -32,11 +32,16 @@ def one_error_line(capsys) -> str:
                                   "infinite call timeout", "call timeout past a day", "tiny temperature",
                                   "tiny hint temperature", "huge temperature", "huge card", "no model id",
                                   "negative lora alpha", "negative clip low", "negative clip high", "negative top-k",
-                                  "negative memory duplicates", "missing agent prompt", "cache dir a file"])
+                                  "negative memory duplicates", "missing agent prompt", "cache dir a file",
+                                  "empty gguf", "model config not json"])
 def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("some notes\nnot json\n")
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    broken = tmp_path / "broken_model"
+    broken.mkdir()
+    (broken / "config.json").write_text("garbage")
     flags = {"text corpus": ["--corpus", str(notes)], "empty corpus": ["--corpus", str(tmp_path / "empty.jsonl")],
              "directory corpus": ["--corpus", str(tmp_path)], "text file model": ["--model", str(notes)],
              "missing gguf": ["--model", str(tmp_path / "no.gguf")],
@@ -54,7 +59,8 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "negative lora alpha": ["--lora-alpha", "-32"], "negative clip low": ["--clip-low", "-3"],
              "negative clip high": ["--clip-high", "-5"], "negative top-k": ["--top-k", "-5"],
              "negative memory duplicates": ["--memory-duplicates", "-3"],
-             "missing agent prompt": ["--agent-prompt", "nonexist.txt"], "cache dir a file": ["--cache-dir", str(notes)]
+             "missing agent prompt": ["--agent-prompt", "nonexist.txt"], "cache dir a file": ["--cache-dir", str(notes)],
+             "empty gguf": ["--model", str(tmp_path / "empty.gguf")], "model config not json": ["--model", str(broken)]
              }[case]
     out = tmp_path / "run"
     assert cli.main(["train", *flags, "--out", str(out)]) == 2
@@ -86,7 +92,9 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
             "negative clip low": "--clip-low must be in [0, 1)", "negative clip high": "--clip-high >= 0",
             "negative top-k": "--top-k must be >= 0", "negative memory duplicates": "--memory-duplicates must be >= 0",
             "missing agent prompt": "--agent-prompt: nonexist.txt is not a file",
-            "cache dir a file": "--cache-dir: " + str(notes) + " is a file"
+            "cache dir a file": "--cache-dir: " + str(notes) + " is a file",
+            "empty gguf": "is not a model that can be loaded (a GGUF file starts with the bytes GGUF)",
+            "model config not json": "is not a model that can be loaded (Expecting value"
             }[case]   # the error of its own case
     assert said in line, line
 
