@@ -166,12 +166,15 @@ def add_config_flags(parser: argparse.ArgumentParser, config_class) -> None:
 
 
 def config_from_args(explicit: dict):
-    """Precedence: Config defaults < preset < flags given on the command line. A path's leading ~ is the home
-    directory's, as the shell expands it (which it does not in `--out=~/x`)."""
+    """Precedence: Config defaults < preset < flags given on the command line."""
     preset = explicit.get("preset", runs.Config.preset)
-    paths = {k: os.path.expanduser(v) for k, v in explicit.items()
-             if k in ("out", "resume", "corpus", "env_pool", "eval_pool", "backfill") and isinstance(v, str)}
-    return runs.Config(**{**preset_overrides(preset), **explicit, **paths, "preset": preset})
+    return runs.Config(**{**preset_overrides(preset), **explicit, "preset": preset})
+
+
+def home_expanded(explicit: dict) -> dict:
+    """The flags with a path's leading ~ made the home directory's, as the shell does (not in `--out=~/x`)."""
+    return {k: os.path.expanduser(v) if k in ("out", "resume", "corpus", "env_pool", "eval_pool", "backfill")
+            and isinstance(v, str) else v for k, v in explicit.items()}
 
 
 def preset_overrides(preset: str) -> dict:
@@ -232,13 +235,11 @@ def check_config(train, cfg) -> None:
         raise InputError(f"--lora-dropout must be in [0, 1) (got {cfg.lora_dropout})")
     if not 0 < cfg.top_p <= 1:
         raise InputError(f"--top-p must be in (0, 1] (got {cfg.top_p})")
-    if not (0 <= cfg.clip_low < 1 and cfg.clip_high >= 0):   # the ratio is clamped to [1 - low, 1 + high]
-        raise InputError(f"--clip-low must be in [0, 1) and --clip-high >= 0 (got {cfg.clip_low}, {cfg.clip_high})")
-    for name in ("top_k", "memory_duplicates"):   # 0: off (no top-k cut; no cap on a signature's records)
-        if getattr(cfg, name) < 0:
-            raise InputError(f"--{name.replace('_', '-')} must be >= 0, 0 for none (got {getattr(cfg, name)})")
+    if not (cfg.clip_low >= 0 and cfg.clip_high >= 0):   # the ratio is clamped to [1 - low, 1 + high]
+        raise InputError(f"--clip-low and --clip-high must be >= 0 (got {cfg.clip_low}, {cfg.clip_high})")
     if not (envs.PROMPTS / cfg.agent_prompt).is_file():   # else a crash at the first play, the designs made
-        raise InputError(f"--agent-prompt: {cfg.agent_prompt} is not a file (a name in {envs.PROMPTS}, or a path)")
+        raise InputError(f"--agent-prompt: {cfg.agent_prompt} is not a file (a name in {envs.PROMPTS}, or an "
+                         "absolute path)")
     if Path(cfg.cache_dir).expanduser().exists() and not Path(cfg.cache_dir).expanduser().is_dir():
         raise InputError(f"--cache-dir: {cfg.cache_dir} is a file, not a directory")
     if cfg.hint_temperature < 0:
@@ -430,6 +431,7 @@ def resumed_from_scratch(run) -> None:
 
 def cmd_train(explicit: dict) -> int:
     """Every check that needs no model runs before torch is imported (seconds, not a model load)."""
+    explicit = home_expanded(explicit)
     if explicit.get("resume"):   # a finished run, or one whose checkpoints are gone: say so now
         cfg = runs.resumed_config(config_from_args(explicit), keep_steps="steps" not in explicit)
         run, done = runs.Run(cfg.out), runs.resume_start(runs.Run(cfg.out), cfg.checkpoint_every, cfg.rewind)
@@ -455,7 +457,7 @@ def cmd_train(explicit: dict) -> int:
         import models
         import train
     check_config(train, cfg)   # now the skill names too
-    if cfg.eval_pool and cfg.eval_every:   # played at the first evaluation, after the model loads: checked now
+    if cfg.eval_pool and cfg.eval_every and first_rank():   # played at the first evaluation: checked now
         envs.load_folder(cfg.eval_pool, "--eval-pool", train.limits_of(cfg), cfg.max_turns, cfg.setting)
     models.init_distributed(cfg.dist_timeout)   # only when torchrun started this process (WORLD_SIZE > 1)
     # note: a run without --out is named and made by runs.open_run (rank 0, every input read); the messages below
@@ -943,9 +945,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(f"--max-new-tokens must be >= 0 (0: the preset's; got {args.max_new_tokens})")
     if args.save and (Path(args.save).is_dir() or not Path(args.save).absolute().parent.is_dir()):
         raise InputError(f"--save: {args.save} cannot be written: give a file in a folder that exists")   # now
+    name, adapter, kwargs = eval_source(args)
     pool = envs.load_folder(args.env_pool, "--env-pool", Limits(), args.max_turns, args.setting) \
         if args.env_pool else None   # now, not after the model and the whole evaluation
-    name, adapter, kwargs = eval_source(args)
     t0 = time.time()   # progress goes to stderr: with --json, stdout's last line must stay the result
     try:
         with waiting(f"importing torch and loading {name}"):

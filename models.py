@@ -135,6 +135,8 @@ def _save_into(obj, out: Path, marker: str) -> None:
         if f.is_file():                # on disk before its name is: a power cut leaves no marker over a torn file
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
+        if f.name == marker:
+            runs.fsync_dir(out)        # the other files' names first
         os.replace(f, out / f.name)
     runs.fsync_dir(out)
     tmp.rmdir()

@@ -83,7 +83,7 @@ class Config:
     temperature: float = 0.7            # sampling temperature (log-probs are taken at the same temperature)
     logprob_temperature: float = 0.0    # the update scores log-probs at this T; 0: --temperature (dep. 28), 1: official
     top_p: float = 0.95                 # nucleus sampling
-    top_k: int = 20                     # top-k sampling (0: off)
+    top_k: int = 20                     # top-k sampling (0 or less: off)
     hint_temperature: float = 0.3       # sampling temperature of the hints (the official code's)
     thinking: bool = False              # hybrid thinking models think, every role; parsed after </think>
     static_cache: bool = False          # CUDA only: static KV cache with shape buckets (compiled decode)
@@ -95,7 +95,7 @@ class Config:
     invalid_reward: float = regret.INVALID_REWARD  # its designer reward, centred with its skill's valid ones
     fair_games: bool = True             # a designed game's solution() must replay, beat probes, vary by seed (dep. 29)
     play_guard: bool = True             # zero the designer reward of a game a scripted player wins unreasoning (dep. 32)
-    memory_duplicates: int = 2          # records of one mechanics signature kept, at most (oldest dropped; 0: no cap)
+    memory_duplicates: int = 2          # records of one mechanics signature kept, at most (oldest dropped; 0 or less: no cap)
     # ablations
     no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)
     no_memory: bool = False             # designer prompts get no memory examples
@@ -629,7 +629,8 @@ def open_run(cfg):
             for stale in run.checkpoints.glob("step_*"):
                 if not re.fullmatch(r"step_\d+", stale.name) or int(stale.name[5:]) >= start:
                     shutil.rmtree(stale, ignore_errors=True)
-            fsync_dir(run.checkpoints)
+            if run.checkpoints.is_dir():   # none before the first checkpoint
+                fsync_dir(run.checkpoints)
             write_atomic(run.last_checkpoint, json.dumps({"step": start - 1}) + "\n")
         if start == 0:
             run.memory.unlink(missing_ok=True)  # the memory of a step that never reached a checkpoint
@@ -961,15 +962,15 @@ def print_summary(run: Run) -> None:
 
 def tensorboard_writer(enabled: bool, run: Run, first_step: int = 0):
     """A TensorBoard SummaryWriter under RUN_DIR/tb, or None; imported only when asked for (--tensorboard). A resumed
-    run's (first_step > 0) has TensorBoard drop the events of steps >= first_step that earlier processes wrote (its
-    purge_step): they belong to the timeline the resume recomputes, and would show beside the new ones."""
+    run's has TensorBoard drop the events of steps >= first_step that earlier processes wrote (its purge_step; 0
+    for a run resumed before its first checkpoint): they belong to the timeline the resume recomputes."""
     if not enabled:
         return None
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as err:
         raise InputError("--tensorboard needs the tensorboard package (pip install tensorboard)") from err
-    return SummaryWriter(str(run.root / "tb"), purge_step=first_step or None)
+    return SummaryWriter(str(run.root / "tb"), purge_step=first_step)
 
 
 def log_tensorboard(writer, record: dict, step: int) -> None:

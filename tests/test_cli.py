@@ -31,8 +31,8 @@ def one_error_line(capsys) -> str:
                                   "infinite lr", "nan clip", "negative clip", "zero clip", "dropout 2", "nan kl",
                                   "infinite call timeout", "call timeout past a day", "tiny temperature",
                                   "tiny hint temperature", "huge temperature", "huge card", "no model id",
-                                  "negative lora alpha", "negative clip low", "negative clip high", "negative top-k",
-                                  "negative memory duplicates", "missing agent prompt", "cache dir a file",
+                                  "negative lora alpha", "negative clip low", "negative clip high",
+                                  "missing agent prompt", "cache dir a file",
                                   "empty gguf", "model config not json"])
 def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, tmp_path, capsys):
     notes = tmp_path / "notes.txt"
@@ -57,8 +57,7 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "tiny hint temperature": ["--hint-temperature", "1e-300"], "huge temperature": ["--temperature", "1e300"],
              "huge card": ["--gpu-gb", "1e9"], "no model id": ["--model", "models/qwen/v1"],
              "negative lora alpha": ["--lora-alpha", "-32"], "negative clip low": ["--clip-low", "-3"],
-             "negative clip high": ["--clip-high", "-5"], "negative top-k": ["--top-k", "-5"],
-             "negative memory duplicates": ["--memory-duplicates", "-3"],
+             "negative clip high": ["--clip-high", "-5"],
              "missing agent prompt": ["--agent-prompt", "nonexist.txt"], "cache dir a file": ["--cache-dir", str(notes)],
              "empty gguf": ["--model", str(tmp_path / "empty.gguf")], "model config not json": ["--model", str(broken)]
              }[case]
@@ -89,8 +88,8 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
             # a second audit's: a traceback (huggingface_hub's HFValidationError; the cache's NotADirectoryError),
             # nonsense taken without a word, and a prompt file missing at the first play, after the designs
             "no model id": "--model: models/qwen/v1 does not exist", "negative lora alpha": "--lora-alpha must be > 0",
-            "negative clip low": "--clip-low must be in [0, 1)", "negative clip high": "--clip-high >= 0",
-            "negative top-k": "--top-k must be >= 0", "negative memory duplicates": "--memory-duplicates must be >= 0",
+            "negative clip low": "--clip-low and --clip-high must be >= 0 (got -3.0, 0.28)",
+            "negative clip high": "--clip-low and --clip-high must be >= 0 (got 0.2, -5.0)",
             "missing agent prompt": "--agent-prompt: nonexist.txt is not a file",
             "cache dir a file": "--cache-dir: " + str(notes) + " is a file",
             "empty gguf": "is not a model that can be loaded (a GGUF file starts with the bytes GGUF)",
@@ -169,12 +168,20 @@ def test_plan_of_a_model_directory_with_a_config_it_cannot_read_is_one_line(conf
     assert "not a model config that a plan can read" in one_error_line(capsys)
 
 
+def test_a_negative_top_k_or_duplicate_cap_is_off_and_a_clip_low_of_1_no_lower_clip():
+    """As the sampler and the memory read them (a review's: a stored config with top_k -1 could not be resumed)."""
+    cli.check_config(None, runs.Config(top_k=-1, memory_duplicates=-1, clip_low=1.0))
+
+
 def test_out_and_resume_expand_a_leading_tilde_as_the_shell_does(tmp_path, monkeypatch, capsys):
-    """`--out=~/x` (no shell expansion in that form) made a directory named ~ in the working directory."""
+    """`--out=~/x` (no shell expansion in that form) made a directory named ~ in the working directory, and
+    `--env-pool=~/pool` was "not a directory"."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "pool").mkdir(parents=True)
     stub_train(monkeypatch, tmp_path, lambda: None)
-    assert cli.main(["train", "--model", "tiny-random", "--out=~/run"]) == 0
+    assert cli.main(["train", "--model", "tiny-random", "--out=~/run", "--env-pool=~/pool"]) == 0
+    assert json.loads((tmp_path / "home" / "run" / "config.json").read_text())["env_pool"] == str(
+        tmp_path / "home" / "pool")
     assert (tmp_path / "home" / "run" / "config.json").exists() and not (tmp_path / "~").exists()
     assert cli.main(["train", "--resume", "~/run", "--steps", "0"]) == 2   # a resume's --steps checked too
     assert "--steps must be >= 1 (got 0)" in one_error_line(capsys)

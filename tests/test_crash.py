@@ -284,6 +284,17 @@ def test_a_checkpoint_folder_and_its_rename_are_synced_before_the_caller_names_i
     assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step_00003"]
 
 
+def test_a_rewind_of_a_run_without_a_checkpoints_folder_starts_over(tmp_path, capsys):
+    """The checkpoints folder appears at the first save: --rewind's sync of it was a FileNotFoundError traceback
+    (after the model had loaded) where the refusal before it had said "add --rewind" (a review's)."""
+    pool = echo_pool(tmp_path)
+    out = tmp_path / "run"
+    assert cli.main(["train", *TINY, "--steps", "1", "--out", str(out), "--env-pool", str(pool)]) == 0
+    shutil.rmtree(out / "checkpoints")
+    assert cli.main(["train", "--resume", str(out), "--steps", "1", "--rewind"]) == 0
+    assert [r["step"] for r in runs.read_jsonl(out / "metrics.jsonl") if "step" in r] == [0]
+
+
 def test_a_resumed_runs_tensorboard_drops_the_events_of_the_steps_it_recomputes(tmp_path, monkeypatch):
     """The lost timeline's scalars stayed in RUN_DIR/tb beside the recomputed ones: TensorBoard showed those steps
     twice. A resume at step N opens its writer with purge_step N (TensorBoard then drops events of steps >= N)."""
@@ -301,7 +312,7 @@ def test_a_resumed_runs_tensorboard_drops_the_events_of_the_steps_it_recomputes(
     out = tmp_path / "run"
     assert cli.main(["train", *TINY, "--steps", "2", "--tensorboard", "--out", str(out), "--env-pool", str(pool)]) == 0
     assert cli.main(["train", "--resume", str(out), "--steps", "3"]) == 0
-    assert opened == [("tb", None), ("tb", 2)]
+    assert opened == [("tb", 0), ("tb", 2)]
 
 
 def test_a_lock_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path, capsys):
