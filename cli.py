@@ -89,7 +89,7 @@ import runs  # noqa: E402
 from runs import InputError  # noqa: E402
 import regret  # noqa: E402
 from isolation import isolation_report  # noqa: E402
-from sandbox import MAX_WAIT, Limits, SandboxError  # noqa: E402
+from sandbox import MAX_WAIT, Limits, SandboxError, inert  # noqa: E402
 
 COMMANDS = {
     "train": "run self-play (default: the CPU demo with SmolLM2-135M)",
@@ -727,6 +727,19 @@ def line_editing() -> None:
 # -----------------------------------------------------------------------------------------------------------
 # spade-mini score: one window of outcomes in, every reward and advantage out (regret.score_window)
 
+SCORE_KEYS = {"variant", "window", "mu_slow", "hang_penalty", "invalid_reward", "envs"}   # what score reads
+SCORE_ENV_KEYS = {"skill", "hung", "hung_step", "unhinted", "hinted", "trained", "caught", "invalid",
+                  "slot", "attempt"}   # the last two: the loop's record of a rejected program, not read
+
+
+def unread(data: dict, known: set, where: str) -> None:
+    """A warning naming the keys of `data` that score does not read: a misspelt field reads as absent."""
+    extra = sorted(inert(repr(k)[:60], one_line=True) for k in set(data) - known)
+    if extra:
+        runs.warn(f"score input: {where} has keys score does not read: {', '.join(extra[:5])}"
+                  f"{f' and {len(extra) - 5} more' if len(extra) > 5 else ''} (a misspelt field reads as absent)")
+
+
 def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dict:
     """The input of `spade-mini score` (docs/score.md, "Checking another implementation"), checked field by field;
     InputError names the first bad one. Returns it with the optional fields filled in."""
@@ -757,11 +770,13 @@ def check_score_input(data, designer_rewards: tuple, hang_penalty: float) -> dic
             fail(name, "a finite number")
     if not (isinstance(data.get("envs"), list) and data["envs"]):
         fail("envs", "a non-empty list")
+    unread(data, SCORE_KEYS, "the window")
     out = []
     for k, e in enumerate(data["envs"]):
         where = f"envs[{k}]"
         if not (isinstance(e, dict) and isinstance(e.get("skill"), str)):
             fail(f"{where}.skill", "a string")
+        unread(e, SCORE_ENV_KEYS, where)
         if e.get("hung", False) is not False:   # older runs' flag: false still reads, a hang needs its step
             fail(f"{where}.hung", "false, or hung_step given instead (the window's step where a play hung)")
         hung_step = e.get("hung_step")
@@ -821,7 +836,6 @@ def cmd_score(path: str) -> int:
 def cmd_conform(args: dict) -> int:
     """Each case's first difference from its golden output (exit 1 if any), or two runs' metrics step by step."""
     import evaluate
-    from sandbox import inert
     if args["runs"]:
         if not args["tolerance"] >= 0:
             raise InputError(f"--tolerance must be >= 0 (got {args['tolerance']})")

@@ -152,6 +152,18 @@ def test_score_refuses_returns_whose_square_overflows(tmp_path, capsys):
     assert "a list of finite numbers (at most 1e100 in size)" in one_error_line(capsys)
 
 
+def test_score_warns_of_keys_it_does_not_read(tmp_path, capsys):
+    """A misspelt "hintd" scored as no hinted plays without a word (an audit's): regret -0.25 instead of +0.75."""
+    path = tmp_path / "window.json"
+    path.write_text(json.dumps({"variant": "regret", "window": 1, "note": "mine", "envs": [
+        {"skill": "A", "unhinted": [[0, 1, 0, 0]], "hintd": [1, 1, 1, 1], "\x1b[2J": 0}]}))
+    assert cli.main(["score", str(path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: score input: the window has keys score does not read: 'note' (a misspelt field reads "
+                   "as absent)", "warning: score input: envs[0] has keys score does not read: '\\x1b[2J', 'hintd' "
+                   "(a misspelt field reads as absent)"], err
+
+
 def test_score_refuses_an_integer_too_large_for_a_float(tmp_path, capsys):
     """math.isfinite(10**400) raises OverflowError: it was a traceback."""
     path = tmp_path / "window.json"
