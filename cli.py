@@ -653,7 +653,10 @@ def play_scripted(code: str, actions: list[str], seed: int, max_turns: int = 12,
 
 
 def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: float, setting: str = "games") -> int:
-    code = read_file(path).decode("utf-8", errors="replace")
+    try:
+        code = read_file(path).decode("utf-8")
+    except UnicodeDecodeError as err:   # validate's verdict `encoding`: a program is UTF-8
+        raise InputError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start}); validate rejects it") from None
     limits = Limits(call_timeout=timeout)
     if actions_file:
         actions = [a for a in read_file(actions_file, flag="--actions").decode(errors="replace").splitlines()
@@ -667,8 +670,8 @@ def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: f
             elif t["turn"] == 0:
                 print(t["observation"])
             else:
-                print(f"[turn {t['turn']}] {t['action']}\n{t['observation']}\n(reward {t['reward']}"
-                      f"{', terminated' if t['terminated'] else ''}{', truncated' if t['truncated'] else ''})")
+                print(f"[turn {t['turn']}] {inert(t['action'], one_line=True)}\n{t['observation']}\n"
+                      f"(reward {t['reward']}{', terminated' if t['terminated'] else ''}{', truncated' if t['truncated'] else ''})")
         print(json.dumps({k: result[k] for k in ("return", "turns", "terminated", "failure")}))
         return 1 if result["failure"] else 0
     return play_interactive(code, seed, max_turns, limits, setting)

@@ -279,6 +279,20 @@ def test_play_actions_wraps_bare_actions_shows_observations_and_wins(capsys):
     assert outcome["failure"] is None and outcome["return"] == 1.0 and outcome["terminated"] is True, outcome
 
 
+def test_play_refuses_a_program_that_is_not_utf8_and_echoes_actions_inert(tmp_path, capsys):
+    """play decoded a program with errors="replace" where validate rejects it (`encoding`), and echoed each line of
+    --actions raw: an ESC in it reached the terminal (an audit's)."""
+    env = tmp_path / "latin.py"
+    env.write_bytes((EXAMPLES / "walk.py").read_bytes() + b"# caf\xe9\n")
+    moves = tmp_path / "moves.txt"
+    moves.write_text("right\x1b[2J\n")
+    assert cli.main(["play", str(env), "--actions", str(moves)]) == 2
+    assert f"{env}: not valid UTF-8 (invalid continuation byte at byte" in one_error_line(capsys)
+    assert cli.main(["play", str(EXAMPLES / "walk.py"), "--seed", "3", "--actions", str(moves)]) == 0
+    out = capsys.readouterr().out
+    assert "[turn 1] \\boxed{right\\x1b[2J}" in out and "\x1b" not in out, out
+
+
 def test_play_actions_reports_an_environment_failure_with_exit_1(tmp_path, capsys):
     env = tmp_path / "crash.py"
     env.write_text("class CrashEnv:\n    def reset(self, seed=None):\n        return 'go', {}\n"
