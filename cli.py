@@ -671,7 +671,8 @@ def cmd_play(path: str, seed: int, actions_file: str, max_turns: int, timeout: f
                 print(t["observation"])
             else:
                 print(f"[turn {t['turn']}] {inert(t['action'], one_line=True)}\n{t['observation']}\n"
-                      f"(reward {t['reward']}{', terminated' if t['terminated'] else ''}{', truncated' if t['truncated'] else ''})")
+                      f"(reward {t['reward']}{', terminated' if t['terminated'] else ''}"
+                      f"{', truncated' if t['truncated'] else ''})")
         print(json.dumps({k: result[k] for k in ("return", "turns", "terminated", "failure")}))
         return 1 if result["failure"] else 0
     return play_interactive(code, seed, max_turns, limits, setting)

@@ -95,7 +95,7 @@ class Config:
     invalid_reward: float = regret.INVALID_REWARD  # its designer reward, centred with its skill's valid ones
     fair_games: bool = True             # a designed game's solution() must replay, beat probes, vary by seed (dep. 29)
     play_guard: bool = True             # zero the designer reward of a game a scripted player wins unreasoning (dep. 32)
-    memory_duplicates: int = 2          # records of one mechanics signature kept, at most (oldest dropped; 0 or less: no cap)
+    memory_duplicates: int = 2          # records of one mechanics signature, at most (oldest dropped; <= 0: no cap)
     # ablations
     no_designer_training: bool = False  # designer samples are not trained (implies --no-memory)
     no_memory: bool = False             # designer prompts get no memory examples

@@ -58,7 +58,8 @@ def test_a_bad_train_input_is_one_line_exit_2_and_leaves_no_run_directory(case, 
              "huge card": ["--gpu-gb", "1e9"], "no model id": ["--model", "models/qwen/v1"],
              "negative lora alpha": ["--lora-alpha", "-32"], "negative clip low": ["--clip-low", "-3"],
              "negative clip high": ["--clip-high", "-5"],
-             "missing agent prompt": ["--agent-prompt", "nonexist.txt"], "cache dir a file": ["--cache-dir", str(notes)],
+             "missing agent prompt": ["--agent-prompt", "nonexist.txt"],
+             "cache dir a file": ["--cache-dir", str(notes)],
              "empty gguf": ["--model", str(tmp_path / "empty.gguf")], "model config not json": ["--model", str(broken)]
              }[case]
     out = tmp_path / "run"
@@ -167,7 +168,8 @@ def test_score_warns_of_keys_it_does_not_read(tmp_path, capsys):
 def test_score_refuses_an_integer_too_large_for_a_float(tmp_path, capsys):
     """math.isfinite(10**400) raises OverflowError: it was a traceback."""
     path = tmp_path / "window.json"
-    path.write_text('{"variant": "regret", "window": 1, "envs": [{"skill": "A", "unhinted": [[1' + "0" * 400 + ', 1]]}]}')
+    path.write_text('{"variant": "regret", "window": 1, "envs": [{"skill": "A", "unhinted": [[1' + "0" * 400
+                    + ', 1]]}]}')
     assert cli.main(["score", str(path)]) == 2
     assert "a list of finite numbers (at most 1e100 in size)" in one_error_line(capsys)
 
@@ -461,7 +463,8 @@ def test_a_pool_with_no_valid_environment_is_one_line_before_the_model_loads(com
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     pool = tmp_path / "pool"
     pool.mkdir()
-    (pool / "broken.py").write_text("class BrokenEnv:\n    def __init__(self, **kw):\n        raise RuntimeError('no')\n")
+    (pool / "broken.py").write_text("class BrokenEnv:\n    def __init__(self, **kw):\n"
+                                    "        raise RuntimeError('no')\n")
     flags = {"eval": ["eval", "--model", "tiny-random", "--limit", "1", "--env-pool", str(pool)],
              "train": ["train", "--model", "tiny-random", "--eval-pool", str(pool), "--eval-every", "1",
                        "--out", str(tmp_path / "run")]}[command]
@@ -481,8 +484,8 @@ def test_runs_a_file_without_out_is_one_line_before_the_model_loads(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("a file where the runs go")
     assert cli.main(["train", "--model", "tiny-random", "--no-corpus"]) == 2
-    assert one_error_line(capsys) == "spade-mini: error: runs is not a directory (a run without --out goes in runs/); " \
-                                     "give the run a directory with --out"
+    assert one_error_line(capsys) == ("spade-mini: error: runs is not a directory (a run without --out goes in "
+                                      "runs/); give the run a directory with --out")
     assert loaded == [] and (tmp_path / "runs").read_text() == "a file where the runs go"
 
 
