@@ -240,7 +240,8 @@ def check_config(train, cfg) -> None:
     if not (envs.PROMPTS / cfg.agent_prompt).is_file():   # else a crash at the first play, the designs made
         raise InputError(f"--agent-prompt: {cfg.agent_prompt} is not a file (a name in {envs.PROMPTS}, or an "
                          "absolute path)")
-    if Path(cfg.cache_dir).expanduser().exists() and not Path(cfg.cache_dir).expanduser().is_dir():
+    cache = Path(cfg.cache_dir).expanduser()
+    if cache.exists() and not cache.is_dir():
         raise InputError(f"--cache-dir: {cfg.cache_dir} is a file, not a directory")
     if cfg.hint_temperature < 0:
         raise InputError(f"--hint-temperature must be >= 0 (0 = greedy; got {cfg.hint_temperature})")
